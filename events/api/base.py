@@ -1,0 +1,33 @@
+"""The shape every KubeVirt API object shares: camelCase on the wire, unknown fields refused."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ApiStruct(
+    msgspec.Struct,
+    rename="camel",
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+    kw_only=True,
+    frozen=True,
+):
+    """Base for spec types: a typo in a manifest is an error naming the field, never ignored."""
+
+
+class ObjectMeta(ApiStruct):
+    """The subset of Kubernetes ObjectMeta that virtbus keeps; the rest is set by projections."""
+
+    name: str = ""
+    namespace: str = ""
+    generate_name: str = ""
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    uid: str = ""
+    generation: int = 0
+    resource_version: str = ""
+    creation_timestamp: str = ""
+    deletion_timestamp: str = ""
+    finalizers: list[str] = []
+    owner_references: list[dict[str, object]] = []
