@@ -11,9 +11,12 @@ class ApiStruct(
     forbid_unknown_fields=True,
     omit_defaults=True,
     kw_only=True,
-    frozen=True,
 ):
-    """Base for spec types: a typo in a manifest is an error naming the field, never ignored."""
+    """Base for spec types: a typo in a manifest is an error naming the field, never ignored.
+
+    Not frozen: mypy's dataclass_transform would demand `frozen=True` on every subclass.
+    Specs are still treated as values; nothing mutates one after decoding.
+    """
 
 
 class ObjectMeta(ApiStruct):

@@ -1,0 +1,53 @@
+"""The one bridge between the synchronous `eventsourcing` library and asyncio nats-py.
+
+A daemon thread runs an event loop that owns one NATS connection; synchronous callers
+submit coroutines and block on the result. Async callers already on a loop must not use
+it from that loop's thread (they would deadlock); they talk to nats-py directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import nats
+from nats.aio.client import Client
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = 30.0
+
+
+class NatsBridge:
+    """A NATS connection usable from any thread through `run()`."""
+
+    def __init__(self, url: str, *, name: str = "virtbus") -> None:
+        self.url = url
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"nats-{name}",
+                                        daemon=True)
+        self._thread.start()
+        self.nc: Client = self.run(nats.connect(url, name=name, max_reconnect_attempts=-1,
+                                                connect_timeout=5))
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = DEFAULT_TIMEOUT) -> T:
+        """Run `coro` on the bridge's loop and wait for its result."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("NatsBridge.run() called from its own loop thread")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        if not self.nc.is_closed:
+            self.run(self.nc.drain() if self.nc.is_connected else self.nc.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()

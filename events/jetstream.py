@@ -1,0 +1,583 @@
+"""An `eventsourcing` persistence module on NATS JetStream.
+
+Select it with `PERSISTENCE_MODULE=events.jetstream`; it reads `NATS_URL` (default
+`nats://127.0.0.1:4222`) and `VIRTBUS_PREFIX` (default `virtbus`). A sibling of the library's
+`popo.py` and `sqlite.py`:
+
+- an aggregate's events are messages on `<p>.ev.<aggregate id>` in the `<P>_EVENTS` stream;
+  the notification id of an event is its stream sequence;
+- an append carries `Nats-Expected-Last-Subject-Sequence` for each aggregate it touches, so a
+  stale version is refused by the server and surfaces as the library's `IntegrityError`;
+- a multi-event append is one JetStream atomic batch: all of it is stored, or none;
+- reads use batched Direct Get, so replay costs one request per page, not per event;
+- process applications' positions (`Tracking`) live on `<p>.trk.<app>` in the same stream and
+  commit in the same batch as the events they caused; plain tracking recorders use a KV bucket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any, Final
+
+import msgspec
+from eventsourcing.persistence import (
+    AggregateRecorder,
+    ApplicationRecorder,
+    InfrastructureFactory,
+    IntegrityError,
+    ListenNotifySubscription,
+    Notification,
+    PersistenceError,
+    ProcessRecorder,
+    ProgrammingError,
+    StoredEvent,
+    Subscription,
+    Tracking,
+    TrackingRecorder,
+)
+from eventsourcing.utils import Environment, resolve_topic
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy, KeyValueConfig, StorageType, StreamConfig
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+from events.bridge import NatsBridge
+from events.codec import event_id
+from events.streams import ensure_stream, events_stream_config
+from events.subjects import (
+    DEFAULT_PREFIX,
+    Layout,
+    aggregate_subject,
+    encode_token,
+    originator_of,
+)
+
+DEFAULT_NATS_URL: Final = "nats://127.0.0.1:4222"
+MAX_BATCH: Final = 1000
+"""JetStream's limit on messages in one atomic batch."""
+PAGE: Final = 1000
+MAX_APPEND_ATTEMPTS: Final = 5
+
+TOPIC_HEADER: Final = "Vb-Topic"
+VERSION_HEADER: Final = "Vb-Version"
+_WRONG_LAST_SEQUENCE: Final = 10071
+_BATCH_DUPLICATE_ID: Final = 10201
+
+
+class _ApiError(msgspec.Struct):
+    code: int = 0
+    err_code: int = 0
+    description: str = ""
+
+
+class _PubAck(msgspec.Struct):
+    stream: str = ""
+    seq: int = 0
+    duplicate: bool = False
+    count: int = 1
+    error: _ApiError | None = None
+
+
+_decode_ack = msgspec.json.Decoder(_PubAck).decode
+_encode_json = msgspec.json.Encoder().encode
+
+
+class _StreamSpace(msgspec.Struct, frozen=True):
+    """Where one recorder keeps aggregates: a stream and the subject root inside it."""
+
+    stream: str
+    root: str
+
+
+class JetStreamDatastore:
+    """One NATS connection (through the bridge), the layout, and what appends have learned.
+
+    `_last` remembers, per subject, the newest (version, sequence) this process has seen, so
+    an append after a read needs no extra round trip. It is only a hint: the server checks
+    the expected sequence, and a stale hint costs one refresh, never a wrong write.
+    """
+
+    def __init__(self, url: str, layout: Layout) -> None:
+        self.layout = layout
+        self.bridge = NatsBridge(url, name=f"{layout.prefix}-store")
+        self.js = self.bridge.nc.jetstream()
+        self._last: dict[str, tuple[int, int]] = {}
+        self._ensured: set[str] = set()
+        self._lock = threading.Lock()
+        self.events = _StreamSpace(layout.events_stream, layout.events_root)
+        self.snapshots = _StreamSpace(layout.snapshots_stream, layout.snapshots_root)
+
+    def ensure(self, space: _StreamSpace) -> None:
+        with self._lock:
+            if space.stream in self._ensured:
+                return
+            if space == self.events:
+                config = events_stream_config(self.layout)
+            else:
+                config = StreamConfig(name=space.stream, subjects=[f"{space.root}.>"],
+                                      storage=StorageType.FILE, allow_direct=True,
+                                      allow_atomic=True)
+            self.bridge.run(ensure_stream(self.js, config))
+            self._ensured.add(space.stream)
+
+    def close(self) -> None:
+        self.bridge.close()
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def direct_batch(self, stream: str, start: int, limit: int, subject: str) -> list[Msg]:
+        """Up to `limit` messages on `subject` (wildcards allowed) from sequence `start`."""
+        nc = self.bridge.nc
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        try:
+            request = {"seq": max(start, 1), "batch": limit, "next_by_subj": subject}
+            await nc.publish(f"$JS.API.DIRECT.GET.{stream}", _encode_json(request), reply=inbox)
+            out: list[Msg] = []
+            while True:
+                msg = await sub.next_msg(timeout=10)
+                headers = msg.headers or {}
+                if "Status" in headers:
+                    if headers["Status"] not in ("204", "404"):
+                        raise PersistenceError(f"direct get failed: {headers}")
+                    return out
+                out.append(msg)
+                if len(out) == limit:
+                    # The server still sends its end-of-batch marker; drain it.
+                    with contextlib.suppress(TimeoutError):
+                        await sub.next_msg(timeout=10)
+                    return out
+        finally:
+            await sub.unsubscribe()
+
+    async def last_on(self, stream: str, subject: str) -> Msg | None:
+        msg = await self.bridge.nc.request(
+            f"$JS.API.DIRECT.GET.{stream}", _encode_json({"last_by_subj": subject}), timeout=10
+        )
+        headers = msg.headers or {}
+        if "Status" in headers:
+            if headers["Status"] == "404":
+                return None
+            raise PersistenceError(f"direct get failed: {headers}")
+        return msg
+
+    def remember(self, subject: str, version: int, seq: int) -> None:
+        last = self._last.get(subject)
+        if last is None or last[1] < seq:
+            self._last[subject] = (version, seq)
+
+    async def refresh(self, stream: str, subject: str) -> tuple[int, int] | None:
+        msg = await self.last_on(stream, subject)
+        if msg is None:
+            self._last.pop(subject, None)
+            return None
+        headers = msg.headers or {}
+        last = (int(headers[VERSION_HEADER]), int(headers["Nats-Sequence"]))
+        self._last[subject] = last
+        return last
+
+    # -- appends -----------------------------------------------------------------------
+
+    async def append(
+        self,
+        space: _StreamSpace,
+        stored_events: Sequence[StoredEvent],
+        tracking: Tracking | None = None,
+    ) -> list[int]:
+        """Append atomically; return the stream sequences of `stored_events`."""
+        groups = _group_by_subject(space.root, stored_events)
+        tracking_subject = (
+            self.layout.tracking_subject(tracking.application_name) if tracking else None
+        )
+        if len(stored_events) + (tracking is not None) > MAX_BATCH:
+            raise ProgrammingError(f"an atomic append holds at most {MAX_BATCH} events")
+        stale: set[str] = set()
+        for _attempt in range(MAX_APPEND_ATTEMPTS):
+            for subject in stale:
+                await self.refresh(space.stream, subject)
+            expected: dict[str, int] = {}
+            for subject, events in groups.items():
+                last = self._last.get(subject)
+                if last is not None and events[0].originator_version <= last[0]:
+                    raise IntegrityError(
+                        f"{events[0].originator_id} already has version {last[0]}"
+                    )
+                expected[subject] = last[1] if last else 0
+            messages = [
+                (subject, s.state, _event_headers(s)) for subject, evs in groups.items()
+                for s in evs
+            ]
+            if tracking is not None and tracking_subject is not None:
+                last = self._last.get(tracking_subject)
+                if last is not None and tracking.notification_id <= last[0]:
+                    raise IntegrityError(
+                        f"tracking {tracking.application_name} is at {last[0]}, "
+                        f"not below {tracking.notification_id}"
+                    )
+                expected[tracking_subject] = last[1] if last else 0
+                messages.append((tracking_subject, b"", _tracking_headers(tracking)))
+            ack = await self._publish(messages, expected)
+            if ack.error is None and not ack.duplicate:
+                first = ack.seq - ack.count + 1
+                seqs = list(range(first, first + len(messages)))
+                for (subject, _state, headers), seq in zip(messages, seqs, strict=True):
+                    self.remember(subject, int(headers[VERSION_HEADER]), seq)
+                return seqs[: len(stored_events)]
+            if ack.duplicate or (ack.error and ack.error.err_code == _BATCH_DUPLICATE_ID):
+                raise IntegrityError("an event with this aggregate version was already recorded")
+            if ack.error and ack.error.err_code == _WRONG_LAST_SEQUENCE:
+                stale = set(expected)
+                continue
+            raise PersistenceError(f"append refused: {ack.error}")
+        raise IntegrityError("append kept racing concurrent writers; retry from fresh state")
+
+    async def _publish(
+        self, messages: list[tuple[str, bytes, dict[str, str]]], expected: dict[str, int]
+    ) -> _PubAck:
+        nc = self.bridge.nc
+        seen: set[str] = set()
+        for subject, _state, headers in messages:
+            if subject not in seen:
+                seen.add(subject)
+                headers["Nats-Expected-Last-Subject-Sequence"] = str(expected[subject])
+        if len(messages) == 1:
+            subject, state, headers = messages[0]
+            reply = await nc.request(subject, state, headers=headers, timeout=10)
+            return _decode_ack(reply.data)
+        batch = uuid.uuid4().hex
+        last = len(messages)
+        for n, (subject, state, headers) in enumerate(messages, 1):
+            headers["Nats-Batch-Id"] = batch
+            headers["Nats-Batch-Sequence"] = str(n)
+            if n < last:
+                await nc.publish(subject, state, headers=headers)
+        subject, state, headers = messages[-1]
+        headers["Nats-Batch-Commit"] = "1"
+        reply = await nc.request(subject, state, headers=headers, timeout=10)
+        return _decode_ack(reply.data)
+
+
+def _group_by_subject(
+    root: str, stored_events: Sequence[StoredEvent]
+) -> dict[str, list[StoredEvent]]:
+    groups: dict[str, list[StoredEvent]] = {}
+    for s in stored_events:
+        events = groups.setdefault(aggregate_subject(root, s.originator_id), [])
+        if events and s.originator_version <= events[-1].originator_version:
+            raise IntegrityError(
+                f"versions of {s.originator_id} must increase within one append"
+            )
+        events.append(s)
+    return groups
+
+
+def _event_headers(s: StoredEvent) -> dict[str, str]:
+    return {
+        "Nats-Msg-Id": str(event_id(s.originator_id, s.originator_version)),
+        TOPIC_HEADER: s.topic,
+        VERSION_HEADER: str(s.originator_version),
+    }
+
+
+def _tracking_headers(t: Tracking) -> dict[str, str]:
+    return {
+        "Nats-Msg-Id": f"trk:{t.application_name}:{t.notification_id}",
+        VERSION_HEADER: str(t.notification_id),
+    }
+
+
+def _stored_event(root: str, msg: Msg) -> StoredEvent:
+    headers = msg.headers or {}
+    return StoredEvent(
+        originator_id=originator_of(root, headers["Nats-Subject"]),
+        originator_version=int(headers[VERSION_HEADER]),
+        topic=headers[TOPIC_HEADER],
+        state=msg.data,
+    )
+
+
+class JetStreamAggregateRecorder(AggregateRecorder):
+    def __init__(self, datastore: JetStreamDatastore, space: _StreamSpace) -> None:
+        self.datastore = datastore
+        self.space = space
+        datastore.ensure(space)
+
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        self._insert(stored_events, **kwargs)
+        return None
+
+    def _insert(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> list[int]:
+        tracking: Tracking | None = kwargs.get("tracking")
+        if not stored_events and tracking is None:
+            return []
+        return self.datastore.bridge.run(
+            self.datastore.append(self.space, stored_events, tracking)
+        )
+
+    def select_events(
+        self,
+        originator_id: uuid.UUID | str,
+        *,
+        gt: int | None = None,
+        lte: int | None = None,
+        desc: bool = False,
+        limit: int | None = None,
+    ) -> Sequence[StoredEvent]:
+        return self.datastore.bridge.run(
+            self._select_events(originator_id, gt, lte, desc, limit)
+        )
+
+    async def _select_events(
+        self,
+        originator_id: uuid.UUID | str,
+        gt: int | None,
+        lte: int | None,
+        desc: bool,
+        limit: int | None,
+    ) -> list[StoredEvent]:
+        ds, root = self.datastore, self.space.root
+        subject = aggregate_subject(root, originator_id)
+        if desc and limit == 1 and lte is None:
+            msg = await ds.last_on(self.space.stream, subject)
+            if msg is None:
+                return []
+            last = _stored_event(root, msg)
+            seq = int((msg.headers or {})["Nats-Sequence"])
+            ds.remember(subject, last.originator_version, seq)
+            return [last] if gt is None or last.originator_version > gt else []
+        events: list[StoredEvent] = []
+        start = 1
+        while True:
+            page = await ds.direct_batch(self.space.stream, start, PAGE, subject)
+            for msg in page:
+                events.append(_stored_event(root, msg))
+            if len(page) < PAGE:
+                break
+            start = int((page[-1].headers or {})["Nats-Sequence"]) + 1
+        if page:
+            ds.remember(subject, events[-1].originator_version,
+                        int((page[-1].headers or {})["Nats-Sequence"]))
+        selected = [
+            e for e in events
+            if (gt is None or e.originator_version > gt)
+            and (lte is None or e.originator_version <= lte)
+        ]
+        if desc:
+            selected.reverse()
+        return selected[:limit] if limit is not None else selected
+
+
+class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecorder):
+    def __init__(self, datastore: JetStreamDatastore, space: _StreamSpace | None = None) -> None:
+        super().__init__(datastore, space or datastore.events)
+
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        return self._insert(stored_events, **kwargs)
+
+    def select_notifications(
+        self,
+        start: int | None,
+        limit: int,
+        stop: int | None = None,
+        topics: Sequence[str] = (),
+        *,
+        inclusive_of_start: bool = True,
+    ) -> Sequence[Notification]:
+        first = 1 if start is None else (start if inclusive_of_start else start + 1)
+        return self.datastore.bridge.run(self.read(first, limit, stop, topics))
+
+    async def read(
+        self, first: int, limit: int, stop: int | None = None, topics: Sequence[str] = ()
+    ) -> list[Notification]:
+        """Notifications from sequence `first` on; the async core of select_notifications."""
+        ds, root = self.datastore, self.space.root
+        wanted = set(topics)
+        out: list[Notification] = []
+        start = max(first, 1)
+        subject = f"{root}.>"
+        while len(out) < limit and (stop is None or start <= stop):
+            page_size = PAGE if wanted else min(PAGE, limit - len(out))
+            if stop is not None:
+                page_size = min(page_size, stop - start + 1)
+            page = await ds.direct_batch(self.space.stream, start, page_size, subject)
+            for msg in page:
+                headers = msg.headers or {}
+                seq = int(headers["Nats-Sequence"])
+                if stop is not None and seq > stop:
+                    return out
+                topic = headers[TOPIC_HEADER]
+                if wanted and topic not in wanted:
+                    continue
+                out.append(Notification(
+                    id=seq,
+                    originator_id=originator_of(root, headers["Nats-Subject"]),
+                    originator_version=int(headers[VERSION_HEADER]),
+                    topic=topic,
+                    state=msg.data,
+                ))
+                if len(out) == limit:
+                    return out
+            if len(page) < page_size:
+                return out
+            start = int((page[-1].headers or {})["Nats-Sequence"]) + 1
+        return out
+
+    def max_notification_id(self) -> int | None:
+        msg = self.datastore.bridge.run(
+            self.datastore.last_on(self.space.stream, f"{self.space.root}.>")
+        )
+        return None if msg is None else int((msg.headers or {})["Nats-Sequence"])
+
+    def subscribe(
+        self, gt: int | None = None, topics: Sequence[str] = ()
+    ) -> Subscription[ApplicationRecorder]:
+        return JetStreamSubscription(recorder=self, gt=gt, topics=topics)
+
+
+class JetStreamSubscription(ListenNotifySubscription[JetStreamApplicationRecorder]):
+    """Follows new events: a headers-only ordered consumer wakes the library's pull loop.
+
+    A JetStream consumer (not a core subscription) is the wake-up, because it delivers only
+    after the server has stored a message; a core subscriber can hear a batch's commit before
+    the batch is readable and would then sleep through it.
+    """
+
+    def __init__(
+        self,
+        recorder: JetStreamApplicationRecorder,
+        gt: int | None = None,
+        topics: Sequence[str] = (),
+    ) -> None:
+        bridge = recorder.datastore.bridge
+
+        async def wake(_msg: Msg) -> None:
+            notified: threading.Event | None = getattr(self, "_has_been_notified", None)
+            if notified is not None:
+                notified.set()
+
+        self._wakeup = bridge.run(bridge.nc.jetstream().subscribe(
+            f"{recorder.space.root}.>", cb=wake, ordered_consumer=True, headers_only=True,
+            deliver_policy=DeliverPolicy.NEW,
+        ))
+        super().__init__(recorder=recorder, gt=gt, topics=topics)
+
+    def stop(self) -> None:
+        super().stop()
+        bridge = self._recorder.datastore.bridge
+        if not bridge.loop.is_closed():
+            with contextlib.suppress(Exception):
+                bridge.run(self._wakeup.unsubscribe())
+
+
+class JetStreamTrackingRecorder(TrackingRecorder):
+    """Positions of projections, one KV key per application, compare-and-set on update."""
+
+    def __init__(self, datastore: JetStreamDatastore) -> None:
+        self.datastore = datastore
+        self._kv = datastore.bridge.run(datastore.js.create_key_value(
+            KeyValueConfig(bucket=datastore.layout.checkpoints_bucket)
+        ))
+
+    def insert_tracking(self, tracking: Tracking) -> None:
+        self.datastore.bridge.run(self._insert_tracking(tracking))
+
+    async def _insert_tracking(self, tracking: Tracking) -> None:
+        key = encode_token(tracking.application_name)
+        for _attempt in range(MAX_APPEND_ATTEMPTS):
+            try:
+                entry = await self._kv.get(key)
+            except KeyNotFoundError:
+                entry = None
+            current = int(entry.value or b"0") if entry is not None else None
+            if current is not None and current >= tracking.notification_id:
+                raise IntegrityError(
+                    f"tracking {tracking.application_name} is at {current}, "
+                    f"not below {tracking.notification_id}"
+                )
+            value = str(tracking.notification_id).encode()
+            try:
+                if entry is None:
+                    await self._kv.create(key, value)
+                else:
+                    await self._kv.update(key, value, last=entry.revision)
+                return
+            except KeyWrongLastSequenceError:
+                continue
+        raise IntegrityError("tracking kept racing a concurrent writer")
+
+    def max_tracking_id(self, application_name: str) -> int | None:
+        return self.datastore.bridge.run(self._max_tracking_id(application_name))
+
+    async def _max_tracking_id(self, application_name: str) -> int | None:
+        try:
+            entry = await self._kv.get(encode_token(application_name))
+        except KeyNotFoundError:
+            return None
+        return int(entry.value or b"0")
+
+
+class JetStreamProcessRecorder(JetStreamApplicationRecorder, ProcessRecorder):
+    """Events and the position they were caused from, in one atomic batch."""
+
+    def insert_tracking(self, tracking: Tracking) -> None:
+        self._insert([], tracking=tracking)
+
+    def max_tracking_id(self, application_name: str) -> int | None:
+        subject = self.datastore.layout.tracking_subject(application_name)
+        last = self.datastore.bridge.run(self.datastore.refresh(self.space.stream, subject))
+        return None if last is None else last[0]
+
+
+class JetStreamFactory(InfrastructureFactory[JetStreamTrackingRecorder]):
+    NATS_URL = "NATS_URL"
+    VIRTBUS_PREFIX = "VIRTBUS_PREFIX"
+
+    def __init__(self, env: Environment) -> None:
+        super().__init__(env)
+        url = self.env.get(self.NATS_URL) or DEFAULT_NATS_URL
+        prefix = self.env.get(self.VIRTBUS_PREFIX) or DEFAULT_PREFIX
+        self.datastore = JetStreamDatastore(url, Layout(prefix))
+
+    def aggregate_recorder(self, purpose: str = "events") -> AggregateRecorder:
+        ds = self.datastore
+        space = ds.snapshots if purpose == "snapshots" else ds.events
+        return JetStreamAggregateRecorder(ds, space)
+
+    def application_recorder(self) -> ApplicationRecorder:
+        return JetStreamApplicationRecorder(self.datastore)
+
+    def tracking_recorder(
+        self, tracking_recorder_class: type[JetStreamTrackingRecorder] | None = None
+    ) -> JetStreamTrackingRecorder:
+        if tracking_recorder_class is None:
+            topic = self.env.get(self.TRACKING_RECORDER_TOPIC)
+            tracking_recorder_class = resolve_topic(topic) if topic else JetStreamTrackingRecorder
+        assert tracking_recorder_class is not None
+        assert issubclass(tracking_recorder_class, JetStreamTrackingRecorder)
+        return tracking_recorder_class(self.datastore)
+
+    def process_recorder(self) -> ProcessRecorder:
+        return JetStreamProcessRecorder(self.datastore)
+
+    def close(self) -> None:
+        self.datastore.close()
+        super().close()
+
+
+Factory = JetStreamFactory
+
+__all__ = [
+    "Factory",
+    "JetStreamAggregateRecorder",
+    "JetStreamApplicationRecorder",
+    "JetStreamFactory",
+    "JetStreamProcessRecorder",
+    "JetStreamSubscription",
+    "JetStreamTrackingRecorder",
+]

@@ -1,0 +1,90 @@
+"""Creates (idempotently) the streams and KV buckets of one installation, as the design lays
+them out. Every timing here is a named default."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from nats.js.api import (
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.client import JetStreamContext
+from nats.js.errors import BadRequestError
+
+from events.subjects import Layout
+
+EVENT_DEDUPE_WINDOW: Final = 10 * 60.0
+COMMAND_RETENTION: Final = 7 * 24 * 3600.0
+NODE_DEDUPE_WINDOW: Final = 60 * 60.0
+HEARTBEAT_TTL: Final = 10.0
+LEASE_TTL: Final = 10.0
+
+
+def events_stream_config(layout: Layout, replicas: int = 1) -> StreamConfig:
+    return StreamConfig(
+        name=layout.events_stream,
+        subjects=[layout.events_filter(), f"{layout.tracking_root}.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        deny_delete=True,
+        deny_purge=True,
+        allow_direct=True,
+        allow_atomic=True,
+        duplicate_window=EVENT_DEDUPE_WINDOW,
+        num_replicas=replicas,
+    )
+
+
+def _stream_configs(layout: Layout, replicas: int) -> list[StreamConfig]:
+    return [
+        events_stream_config(layout, replicas),
+        StreamConfig(
+            name=layout.commands_stream,
+            subjects=[layout.commands_filter],
+            retention=RetentionPolicy.LIMITS,
+            max_age=COMMAND_RETENTION,
+            allow_direct=True,
+            num_replicas=replicas,
+        ),
+        StreamConfig(
+            name=layout.node_stream,
+            subjects=[f"{layout.prefix}.node.>"],
+            retention=RetentionPolicy.WORK_QUEUE,
+            duplicate_window=NODE_DEDUPE_WINDOW,
+            num_replicas=replicas,
+        ),
+        StreamConfig(
+            name=layout.reports_stream,
+            subjects=[layout.reports_filter],
+            retention=RetentionPolicy.WORK_QUEUE,
+            discard=DiscardPolicy.OLD,
+            num_replicas=replicas,
+        ),
+    ]
+
+
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    assert config.name is not None
+    try:
+        await js.add_stream(config)
+    except BadRequestError:
+        await js.update_stream(config)
+
+
+async def ensure_all(js: JetStreamContext, layout: Layout, replicas: int = 1) -> None:
+    """Every stream and bucket of the installation; safe to call from every process."""
+    for config in _stream_configs(layout, replicas):
+        await ensure_stream(js, config)
+    buckets = [
+        KeyValueConfig(bucket=layout.heartbeats_bucket, ttl=HEARTBEAT_TTL, replicas=replicas),
+        KeyValueConfig(bucket=layout.leases_bucket, ttl=LEASE_TTL, replicas=replicas),
+        KeyValueConfig(bucket=layout.checkpoints_bucket, replicas=replicas),
+        KeyValueConfig(bucket=layout.outcomes_bucket, ttl=COMMAND_RETENTION,
+                       replicas=replicas),
+    ]
+    for bucket in buckets:
+        await js.create_key_value(bucket)

@@ -1,0 +1,188 @@
+"""Every NATS name virtbus uses, defined once.
+
+Layout (prefix `p`, upper-cased `P` for stream and bucket names):
+
+| what             | name                                   |
+|------------------|----------------------------------------|
+| event stream     | `P_EVENTS`, subjects `p.ev.>`          |
+| command stream   | `P_COMMANDS`, subjects `p.cmd.>`       |
+| node work queue  | `P_NODE`, subjects `p.node.>`          |
+| report queue     | `P_REPORTS`, subjects `p.report.>`     |
+| KV buckets       | `P_HEARTBEATS`, `P_LEASES`, `P_CHECKPOINTS`, `P_OUTCOMES` |
+
+Aggregate ids are strings `<kind>.<namespace>.<name>` whose tokens are subject-safe, so an
+aggregate's events live on the subject `p.ev.<aggregate id>`; UUID ids (the library's own
+test cases) live under `p.ev.uuid.<hex>`.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Final
+from uuid import UUID
+
+import msgspec
+
+from events.errors import InvalidSpec
+
+DEFAULT_PREFIX: Final = "virtbus"
+CLUSTER_SCOPE: Final = "_"
+"""The namespace token of cluster-scoped objects (nodes, the HyperConverged's operands)."""
+
+_SAFE_TOKEN = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
+_PREFIX = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_ENCODED = "="
+_KV_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")
+
+
+def encode_token(value: str) -> str:
+    """A subject token for any string: DNS-1123 labels pass through, anything else is encoded.
+
+    Encoded tokens start with `=`, which no DNS-1123 label can, so the mapping is reversible
+    and the result is also a valid KV key.
+    """
+    if _SAFE_TOKEN.fullmatch(value):
+        return value
+    if not value:
+        raise InvalidSpec("name", "must not be empty")
+    raw = base64.b32encode(value.encode()).decode().rstrip("=").lower()
+    return _ENCODED + raw
+
+
+def decode_token(token: str) -> str:
+    if not token.startswith(_ENCODED):
+        return token
+    raw = token[1:].upper()
+    return base64.b32decode(raw + "=" * (-len(raw) % 8)).decode()
+
+
+class Layout(msgspec.Struct, frozen=True):
+    """The names of one virtbus installation's streams, subjects and buckets."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        if not _PREFIX.fullmatch(self.prefix):
+            raise InvalidSpec(
+                "VIRTBUS_PREFIX",
+                "must start with a lower-case letter and hold only a-z, 0-9, '_' or '-' "
+                "(at most 32 characters)",
+            )
+
+    @property
+    def upper(self) -> str:
+        return self.prefix.upper().replace("-", "_")
+
+    # streams
+    @property
+    def events_stream(self) -> str:
+        return f"{self.upper}_EVENTS"
+
+    @property
+    def commands_stream(self) -> str:
+        return f"{self.upper}_COMMANDS"
+
+    @property
+    def node_stream(self) -> str:
+        return f"{self.upper}_NODE"
+
+    @property
+    def reports_stream(self) -> str:
+        return f"{self.upper}_REPORTS"
+
+    # KV buckets
+    @property
+    def heartbeats_bucket(self) -> str:
+        return f"{self.upper}_HEARTBEATS"
+
+    @property
+    def leases_bucket(self) -> str:
+        return f"{self.upper}_LEASES"
+
+    @property
+    def checkpoints_bucket(self) -> str:
+        return f"{self.upper}_CHECKPOINTS"
+
+    @property
+    def outcomes_bucket(self) -> str:
+        return f"{self.upper}_OUTCOMES"
+
+    # subjects
+    @property
+    def tracking_root(self) -> str:
+        return f"{self.prefix}.trk"
+
+    def tracking_subject(self, application_name: str) -> str:
+        """Process applications' positions, kept in the event stream so they commit atomically
+        with the events they caused."""
+        return f"{self.tracking_root}.{encode_token(application_name)}"
+
+    @property
+    def snapshots_stream(self) -> str:
+        return f"{self.upper}_SNAPSHOTS"
+
+    @property
+    def snapshots_root(self) -> str:
+        return f"{self.prefix}.snap"
+
+    @property
+    def events_root(self) -> str:
+        return f"{self.prefix}.ev"
+
+    def events_filter(self, kind: str = "") -> str:
+        return f"{self.events_root}.{kind}.>" if kind else f"{self.events_root}.>"
+
+    def aggregate_subject(self, originator_id: UUID | str) -> str:
+        return aggregate_subject(self.events_root, originator_id)
+
+    def command_subject(self, actor: str, kind: str, verb: str) -> str:
+        return f"{self.prefix}.cmd.{encode_token(actor)}.{kind}.{verb}"
+
+    @property
+    def commands_filter(self) -> str:
+        return f"{self.prefix}.cmd.>"
+
+    def node_subject(self, node: str, verb: str) -> str:
+        return f"{self.prefix}.node.{encode_token(node)}.{verb}"
+
+    def node_filter(self, node: str) -> str:
+        return f"{self.prefix}.node.{encode_token(node)}.>"
+
+    def report_subject(self, node: str, kind: str) -> str:
+        return f"{self.prefix}.report.{encode_token(node)}.{kind}"
+
+    @property
+    def reports_filter(self) -> str:
+        return f"{self.prefix}.report.>"
+
+    @property
+    def query_root(self) -> str:
+        return f"{self.prefix}.query"
+
+
+def aggregate_subject(root: str, originator_id: UUID | str) -> str:
+    """The subject of an aggregate's events under `root` (`p.ev` or `p.snap`)."""
+    if isinstance(originator_id, UUID):
+        return f"{root}.uuid.{originator_id.hex}"
+    return f"{root}.{originator_id}"
+
+
+def originator_of(root: str, subject: str) -> UUID | str:
+    """The aggregate id whose events live on `subject` (inverse of aggregate_subject)."""
+    rest = subject[len(root) + 1 :]
+    if rest.startswith("uuid."):
+        return UUID(hex=rest[5:])
+    return rest
+
+
+def aggregate_id(kind: str, namespace: str, name: str) -> str:
+    """The id (and subject tail) of the aggregate for one object: `<kind>.<namespace>.<name>`."""
+    ns = encode_token(namespace) if namespace else CLUSTER_SCOPE
+    return f"{kind}.{ns}.{encode_token(name)}"
+
+
+def split_aggregate_id(agg_id: str) -> tuple[str, str, str]:
+    """(kind, namespace, name) of an aggregate id; namespace is '' for cluster scope."""
+    kind, namespace, name = agg_id.split(".", 2)
+    return kind, "" if namespace == CLUSTER_SCOPE else decode_token(namespace), decode_token(name)
