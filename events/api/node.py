@@ -1,0 +1,56 @@
+"""What a node agent reports about its host, and the names the scheduler matches on.
+
+The agent observes; the control plane turns a `NodeInfo` into Node status and labels.
+Label prefixes live here because the scheduler builds node selectors from the same
+strings that the agent's discovery writes (KubeVirt's `cpu-model.node.kubevirt.io/<model>`
+and the older `feature.node.kubernetes.io/cpu-model-<model>` that VMIs still select on).
+"""
+
+from __future__ import annotations
+
+from events.api.base import ApiStruct
+from events.api.resources import HUGEPAGES_PREFIX
+
+RESOURCE_CPU = "cpu"
+RESOURCE_MEMORY = "memory"
+RESOURCE_PODS = "pods"
+
+CPU_MODEL_LABEL = "cpu-model.node.kubevirt.io/"
+CPU_FEATURE_LABEL = "cpu-feature.node.kubevirt.io/"
+HOST_MODEL_CPU_LABEL = "host-model-cpu.node.kubevirt.io/"
+CPU_VENDOR_LABEL = "cpu-vendor.node.kubevirt.io/"
+NFD_CPU_MODEL_LABEL = "feature.node.kubernetes.io/cpu-model-"
+NFD_CPU_FEATURE_LABEL = "feature.node.kubernetes.io/cpu-feature-"
+
+_BINARY_SUFFIXES = (("Ti", 1024**3), ("Gi", 1024**2), ("Mi", 1024), ("Ki", 1))
+
+
+def kib_quantity(kib: int) -> str:
+    """A KiB amount as a Kubernetes quantity in its largest exact binary unit (`2Mi`, `0`)."""
+    if kib == 0:
+        return "0"
+    suffix, unit = next((s, u) for s, u in _BINARY_SUFFIXES if kib % u == 0)
+    return f"{kib // unit}{suffix}"
+
+
+def hugepages_resource(page_kib: int) -> str:
+    """Kubernetes' resource name for one page size: 2048 KiB -> `hugepages-2Mi`."""
+    return HUGEPAGES_PREFIX + kib_quantity(page_kib)
+
+
+class NodeInfo(ApiStruct):
+    """A host as its agent sees it; equal infos mean nothing to re-report."""
+
+    node_name: str
+    hostname: str
+    architecture: str
+    hypervisor_uri: str
+    domain_type: str
+    libvirt_version: str
+    capacity: dict[str, str]
+    allocatable: dict[str, str]
+    labels: dict[str, str] = {}
+    host_cpu_model: str = ""
+    cpu_vendor: str = ""
+    cpu_models: list[str] = []
+    cpu_features: list[str] = []

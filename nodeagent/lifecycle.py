@@ -1,0 +1,215 @@
+"""Guest lifecycle on a libvirt connection: every operation is safe to repeat.
+
+An agent that restarts, or receives a command twice, calls these again; they look at the
+domain first and never launch, stop or pause it a second time. Stops record their cause
+with the `LifecycleWatcher` before acting, so the STOPPED event they cause maps to the
+right phase (see `nodeagent.phases.phase_for`).
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+import libvirt
+import structlog
+
+from events.errors import Conflict, NotFound, VirtbusError
+from nodeagent.phases import StopCause
+from nodeagent.virterror import is_no_domain, is_unsupported
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from nodeagent.watcher import LifecycleWatcher
+
+log = structlog.get_logger(__name__)
+
+TEST_DRIVER_SCHEME = "test://"
+
+
+class StopOutcome(StrEnum):
+    """How `graceful_stop` ended, for the stop report."""
+
+    ALREADY_GONE = "AlreadyGone"
+    ALREADY_STOPPED = "AlreadyStopped"
+    SHUT_DOWN = "ShutDown"
+    DESTROYED = "Destroyed"
+
+
+class SimulationRefused(VirtbusError):
+    """Guest simulations exist only on libvirt's test driver; a real guest is never faked."""
+
+
+def define_and_start(conn: libvirt.virConnect, xml: str) -> libvirt.virDomain:
+    """Define the domain and start it, unless a domain of that name already runs.
+
+    A running domain is left alone even if `xml` differs: an agent restart must never
+    launch a guest twice. The same name with another uuid is a different VMI: refused.
+    """
+    root = ET.fromstring(xml)
+    name = root.findtext("name", "")
+    uuid = root.findtext("uuid", "").lower()
+    existing = _lookup(conn, name)
+    if existing is not None and uuid and existing.UUIDString() != uuid:
+        raise Conflict(f"domain {name!r} exists with uuid {existing.UUIDString()}, not {uuid}")
+    if existing is not None and existing.isActive():
+        log.info("domain already running", domain=name)
+        return existing
+    dom = conn.defineXML(xml)
+    try:
+        dom.create()
+    except libvirt.libvirtError:
+        if not dom.isActive():
+            raise
+    log.info("domain started", domain=name, uuid=dom.UUIDString())
+    return dom
+
+
+def graceful_stop(
+    conn: libvirt.virConnect, name: str, grace_seconds: int, watcher: LifecycleWatcher
+) -> StopOutcome:
+    """ACPI shutdown, destroy once `grace_seconds` pass without the guest stopping, undefine.
+
+    A grace period of 0 destroys at once, as KubeVirt does for a forced stop.
+    """
+    dom = _lookup(conn, name)
+    if dom is None:
+        return StopOutcome.ALREADY_GONE
+    watcher.expect_stop(name, StopCause.REQUESTED)
+    try:
+        outcome = (
+            _stop(dom, grace_seconds, watcher) if dom.isActive() else StopOutcome.ALREADY_STOPPED
+        )
+        _undefine(dom)
+    except libvirt.libvirtError as err:
+        watcher.forget(name)
+        if is_no_domain(err):
+            return StopOutcome.ALREADY_GONE
+        raise
+    if outcome is StopOutcome.ALREADY_STOPPED:
+        watcher.forget(name)
+    log.info("domain stopped", domain=name, outcome=outcome)
+    return outcome
+
+
+def _stop(dom: libvirt.virDomain, grace_seconds: int, watcher: LifecycleWatcher) -> StopOutcome:
+    if grace_seconds > 0:
+        dom.shutdown()
+        if watcher.wait_until(lambda: not dom.isActive(), grace_seconds):
+            return StopOutcome.SHUT_DOWN
+        log.info("grace period over, destroying", domain=dom.name(), grace=grace_seconds)
+    try:
+        dom.destroy()
+    except libvirt.libvirtError:
+        if dom.isActive():
+            raise
+        return StopOutcome.SHUT_DOWN
+    return StopOutcome.DESTROYED
+
+
+def _undefine(dom: libvirt.virDomain) -> None:
+    """Remove the definition, with its UEFI variable store when it has one."""
+    if not dom.isPersistent():
+        return
+    has_nvram = ET.fromstring(dom.XMLDesc(0)).find("os/nvram") is not None
+    dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM if has_nvram else 0)
+
+
+def pause(conn: libvirt.virConnect, name: str) -> None:
+    """Suspend the guest's vCPUs; pausing a paused guest does nothing."""
+    dom = _require(conn, name)
+    if dom.state()[0] != libvirt.VIR_DOMAIN_PAUSED:
+        dom.suspend()
+        log.info("domain paused", domain=name)
+
+
+def unpause(conn: libvirt.virConnect, name: str) -> None:
+    """Resume a paused guest; resuming a running guest does nothing."""
+    dom = _require(conn, name)
+    if dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
+        dom.resume()
+        log.info("domain unpaused", domain=name)
+
+
+def restart(
+    conn: libvirt.virConnect, name: str, watcher: LifecycleWatcher, *, hard: bool = False
+) -> None:
+    """Reboot the guest; `hard`, or a driver without reboot, power-cycles it instead.
+
+    The power cycle's STOPPED event carries `StopCause.RESTART`, so it changes no phase.
+    """
+    dom = _require(conn, name)
+    if not hard:
+        try:
+            dom.reboot(0)
+        except libvirt.libvirtError as err:
+            if not is_unsupported(err):
+                raise
+        else:
+            log.info("domain rebooted", domain=name)
+            return
+    watcher.expect_stop(name, StopCause.RESTART)
+    try:
+        dom.destroy()
+    except libvirt.libvirtError:
+        watcher.forget(name)
+        raise
+    dom.create()
+    log.info("domain power-cycled", domain=name)
+
+
+def ensure_test_uri(uri: str) -> None:
+    """Refuse anything but libvirt's test driver, before any guest is touched."""
+    if not uri.startswith(TEST_DRIVER_SCHEME):
+        raise SimulationRefused(
+            f"guest simulation needs a {TEST_DRIVER_SCHEME} connection, not {uri!r}; "
+            "real guests shut down or crash on their own"
+        )
+
+
+def simulate_guest_shutdown(
+    conn: libvirt.virConnect, name: str, watcher: LifecycleWatcher
+) -> None:
+    """The guest powers itself off: Succeeded, observed with cause "guest shutdown"."""
+    _simulate(conn, name, watcher, StopCause.GUEST_SHUTDOWN, lambda dom: dom.shutdown())
+
+
+def simulate_guest_crash(conn: libvirt.virConnect, name: str, watcher: LifecycleWatcher) -> None:
+    """The guest crashes: the test driver can only destroy, so the cause says it crashed."""
+    _simulate(conn, name, watcher, StopCause.GUEST_CRASH, lambda dom: dom.destroy())
+
+
+def _simulate(
+    conn: libvirt.virConnect,
+    name: str,
+    watcher: LifecycleWatcher,
+    cause: StopCause,
+    act: Callable[[libvirt.virDomain], object],
+) -> None:
+    ensure_test_uri(conn.getURI())
+    dom = _require(conn, name)
+    watcher.expect_stop(name, cause)
+    try:
+        act(dom)
+    except libvirt.libvirtError:
+        watcher.forget(name)
+        raise
+    log.info("simulated", domain=name, cause=cause)
+
+
+def _lookup(conn: libvirt.virConnect, name: str) -> libvirt.virDomain | None:
+    try:
+        return conn.lookupByName(name)
+    except libvirt.libvirtError as err:
+        if is_no_domain(err):
+            return None
+        raise
+
+
+def _require(conn: libvirt.virConnect, name: str) -> libvirt.virDomain:
+    dom = _lookup(conn, name)
+    if dom is None:
+        raise NotFound(f"domain {name!r} is not defined on this host")
+    return dom

@@ -1,0 +1,142 @@
+"""From libvirt lifecycle events and domain states to VMI phases, as virt-handler decides.
+
+Two tables. `event_state` turns a lifecycle event into the domain state it leaves behind,
+so events and states found after an agent restart go through one decision, `phase_for`.
+libvirt alone cannot tell "we destroyed it" from "someone killed it", so the caller
+passes the `StopCause` it recorded when it asked (see `LifecycleWatcher.expect_stop`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import NamedTuple
+
+import libvirt
+
+
+class GuestPhase(StrEnum):
+    """The VMI phases a node can observe (names as in KubeVirt's `status.phase`)."""
+
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class StopCause(StrEnum):
+    """Why a domain is about to stop, recorded before the stop so its event can be judged."""
+
+    REQUESTED = "requested"
+    """Our stop (graceful shutdown, or destroy after the grace period)."""
+    RESTART = "restart"
+    """Our power cycle; the domain starts again at once."""
+    GUEST_SHUTDOWN = "guest shutdown"
+    """A simulated guest-initiated poweroff (test driver)."""
+    GUEST_CRASH = "guest crash"
+    """A simulated guest crash (test driver, where destroy stands in for it)."""
+
+
+class Observation(NamedTuple):
+    """One lifecycle event on this host, with the cause we recorded for it, if any."""
+
+    name: str
+    uuid: str
+    event: int
+    detail: int
+    cause: StopCause | None = None
+
+    @property
+    def phase(self) -> GuestPhase | None:
+        """The VMI phase this event implies, or None when it implies no change."""
+        state = event_state(self.event, self.detail)
+        return None if state is None else phase_for(*state, self.cause)
+
+
+def event_state(event: int, detail: int) -> tuple[int, int] | None:
+    """The (state, reason) a lifecycle event leaves; None for define/undefine.
+
+    | event              | detail          | state        | reason            |
+    |--------------------|-----------------|--------------|-------------------|
+    | STARTED, RESUMED   | any             | RUNNING      | detail unused     |
+    | SUSPENDED          | any             | PAUSED       |                   |
+    | PMSUSPENDED        | any             | PMSUSPENDED  |                   |
+    | SHUTDOWN           | any             | SHUTDOWN     | (shutting down)   |
+    | CRASHED            | any             | CRASHED      |                   |
+    | STOPPED            | SHUTDOWN ...    | SHUTOFF      | SHUTOFF_<detail>  |
+    | DEFINED, UNDEFINED | any             | -            | no state change   |
+
+    STOPPED details are the shutoff reasons shifted by one (reason 0 is "unknown").
+    """
+    match event:
+        case libvirt.VIR_DOMAIN_EVENT_STARTED | libvirt.VIR_DOMAIN_EVENT_RESUMED:
+            return libvirt.VIR_DOMAIN_RUNNING, 0
+        case libvirt.VIR_DOMAIN_EVENT_SUSPENDED:
+            return libvirt.VIR_DOMAIN_PAUSED, 0
+        case libvirt.VIR_DOMAIN_EVENT_PMSUSPENDED:
+            return libvirt.VIR_DOMAIN_PMSUSPENDED, 0
+        case libvirt.VIR_DOMAIN_EVENT_SHUTDOWN:
+            return libvirt.VIR_DOMAIN_SHUTDOWN, 0
+        case libvirt.VIR_DOMAIN_EVENT_CRASHED:
+            return libvirt.VIR_DOMAIN_CRASHED, 0
+        case libvirt.VIR_DOMAIN_EVENT_STOPPED:
+            return libvirt.VIR_DOMAIN_SHUTOFF, detail + 1
+        case _:
+            return None
+
+
+def phase_for(state: int, reason: int, cause: StopCause | None = None) -> GuestPhase | None:
+    """The VMI phase of a domain in `state` for `reason`, given the cause we recorded.
+
+    | state                               | reason               | cause          | phase     |
+    |-------------------------------------|----------------------|----------------|-----------|
+    | RUNNING, PAUSED, BLOCKED, PMSUSPEND | any                  | any            | Running   |
+    | SHUTDOWN (shutting down)            | any                  | any            | no change |
+    | CRASHED                             | any                  | any            | Failed    |
+    | SHUTOFF                             | any                  | RESTART        | no change |
+    | SHUTOFF                             | any                  | GUEST_CRASH    | Failed    |
+    | SHUTOFF                             | CRASHED, FAILED      | any            | Failed    |
+    | SHUTOFF                             | SHUTDOWN (guest/ACPI)| any            | Succeeded |
+    | SHUTOFF                             | DESTROYED            | REQUESTED      | Succeeded |
+    | SHUTOFF                             | DESTROYED            | none           | Failed    |
+    | SHUTOFF                             | SAVED, FROM_SNAPSHOT | any            | Succeeded |
+    | anything else (MIGRATED, unknown)   |                      |                | no change |
+
+    Migrated-away domains are the migration controller's to judge, not this table's.
+    """
+    match state, reason, cause:
+        case (
+            libvirt.VIR_DOMAIN_RUNNING
+            | libvirt.VIR_DOMAIN_PAUSED
+            | libvirt.VIR_DOMAIN_BLOCKED
+            | libvirt.VIR_DOMAIN_PMSUSPENDED,
+            _,
+            _,
+        ):
+            return GuestPhase.RUNNING
+        case libvirt.VIR_DOMAIN_SHUTDOWN, _, _:
+            return None
+        case libvirt.VIR_DOMAIN_CRASHED, _, _:
+            return GuestPhase.FAILED
+        case libvirt.VIR_DOMAIN_SHUTOFF, _, StopCause.RESTART:
+            return None
+        case libvirt.VIR_DOMAIN_SHUTOFF, _, StopCause.GUEST_CRASH:
+            return GuestPhase.FAILED
+        case (
+            libvirt.VIR_DOMAIN_SHUTOFF,
+            libvirt.VIR_DOMAIN_SHUTOFF_CRASHED | libvirt.VIR_DOMAIN_SHUTOFF_FAILED,
+            _,
+        ):
+            return GuestPhase.FAILED
+        case libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_SHUTOFF_SHUTDOWN, _:
+            return GuestPhase.SUCCEEDED
+        case libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_SHUTOFF_DESTROYED, StopCause.REQUESTED:
+            return GuestPhase.SUCCEEDED
+        case libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_SHUTOFF_DESTROYED, _:
+            return GuestPhase.FAILED
+        case (
+            libvirt.VIR_DOMAIN_SHUTOFF,
+            libvirt.VIR_DOMAIN_SHUTOFF_SAVED | libvirt.VIR_DOMAIN_SHUTOFF_FROM_SNAPSHOT,
+            _,
+        ):
+            return GuestPhase.SUCCEEDED
+        case _:
+            return None
