@@ -1,0 +1,312 @@
+"""Admission rules for a VMI spec: what KubeVirt's validating webhook refuses, refused here.
+
+Every rule raises `InvalidSpec(field, rule)` with the JSON path of the offending field,
+so a person can find it in the manifest they wrote. Checks stop at the first broken rule.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Protocol
+
+from events.api.resources import quantity
+from events.errors import InvalidSpec
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from decimal import Decimal
+
+    from events.api.domain import (
+        CPU,
+        Clock,
+        Devices,
+        DomainSpec,
+        FeatureHyperv,
+        Features,
+        Firmware,
+        Quantity,
+        Volume,
+    )
+
+CPU_FEATURE_POLICIES = ("force", "require", "optional", "disable", "forbid")
+INPUT_TYPES = ("tablet",)
+INPUT_BUSES = ("virtio", "usb")
+DISK_BUSES = ("virtio", "sata", "scsi", "usb")
+CDROM_BUSES = ("sata", "scsi", "usb")
+HUGEPAGE_SIZES = ("2Mi", "1Gi")
+"""The x86_64 sizes a node can pre-allocate; any other size can never be scheduled."""
+TICK_POLICIES = {
+    "hpet": ("delay", "catchup", "merge", "discard"),
+    "pit": ("delay", "catchup", "discard"),
+    "rtc": ("delay", "catchup"),
+}
+RTC_TRACKS = ("guest", "wall")
+MIN_SPINLOCK_RETRIES = 4096
+MAX_VENDORID_LENGTH = 12
+HYPERV_REQUIRES = {
+    "synic": "vpindex",
+    "synictimer": "synic",
+    "ipi": "vpindex",
+    "tlbflush": "vpindex",
+    "evmcs": "vapic",
+}
+"""Hyper-V enlightenments that QEMU refuses without another (KubeVirt's dependency list)."""
+
+
+class VMISpecLike(Protocol):
+    """The parts of `VirtualMachineInstanceSpec` these rules read."""
+
+    @property
+    def domain(self) -> DomainSpec: ...
+
+    @property
+    def volumes(self) -> list[Volume]: ...
+
+
+def validate_vmi_spec(spec: VMISpecLike, path: str = "spec") -> None:
+    """Refuse a spec KubeVirt would refuse; `path` prefixes every reported field."""
+    domain, at = spec.domain, f"{path}.domain"
+    _validate_resources(domain, at)
+    _validate_memory(domain, at)
+    if domain.cpu is not None:
+        _validate_cpu(domain.cpu, f"{at}.cpu")
+    if domain.firmware is not None:
+        _validate_firmware(domain.firmware, domain.features, f"{at}.firmware")
+    if domain.clock is not None:
+        _validate_clock(domain.clock, f"{at}.clock")
+    if domain.features is not None and domain.features.hyperv is not None:
+        _validate_hyperv(domain.features.hyperv, f"{at}.features.hyperv")
+    _validate_devices(domain.devices, f"{at}.devices")
+    _validate_volumes(domain.devices, spec.volumes, path)
+
+
+def _require(ok: bool, field: str, rule: str) -> None:
+    if not ok:
+        raise InvalidSpec(field, rule)
+
+
+def _parsed(value: Quantity, field: str) -> Decimal:
+    try:
+        return quantity(value)
+    except ValueError:
+        raise InvalidSpec(field, "must be a quantity such as 512Mi, 2Gi or 2") from None
+
+
+def _one_of(value: str, allowed: Iterable[str], field: str) -> None:
+    allowed = tuple(allowed)
+    _require(value in allowed, field, f"must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _unique(names: list[str], field: str) -> None:
+    """`field` is a format string taking the list index of the first repeated name."""
+    seen: set[str] = set()
+    for index, name in enumerate(names):
+        _require(name not in seen, field.format(index), f"name {name!r} is used twice")
+        seen.add(name)
+
+
+# --- resources and memory ----------------------------------------------------------------
+
+
+def _validate_resources(domain: DomainSpec, at: str) -> None:
+    resources, at = domain.resources, f"{at}.resources"
+    limits = {k: _parsed(v, f"{at}.limits.{k}") for k, v in resources.limits.items()}
+    for key, value in resources.requests.items():
+        request = _parsed(value, f"{at}.requests.{key}")
+        if key in limits:
+            _require(
+                request <= limits[key],
+                f"{at}.requests.{key}",
+                f"must be less than or equal to {at}.limits.{key}",
+            )
+
+
+def _validate_memory(domain: DomainSpec, at: str) -> None:
+    resources, memory = domain.resources, domain.memory
+    guest = memory.guest if memory is not None else None
+    requested = guest if guest is not None else resources.requests.get("memory")
+    requested = requested if requested is not None else resources.limits.get("memory")
+    if requested is None:
+        raise InvalidSpec(f"{at}.resources.requests.memory", f"must be set, or {at}.memory.guest")
+    size = _parsed(requested, f"{at}.memory.guest")
+    _require(size > 0, f"{at}.memory.guest", "guest memory must be greater than zero")
+    limit = resources.limits.get("memory")
+    if guest is not None and limit is not None:
+        _require(
+            size <= quantity(limit),
+            f"{at}.memory.guest",
+            f"must be less than or equal to {at}.resources.limits.memory",
+        )
+    if memory is not None and memory.hugepages is not None:
+        _validate_hugepages(memory.hugepages.page_size, size, f"{at}.memory.hugepages.pageSize")
+
+
+def _validate_hugepages(page_size: str, memory: Decimal, field: str) -> None:
+    """The seed's three hugepages limitations."""
+    page = _parsed(page_size, field)
+    _require(
+        page_size in HUGEPAGE_SIZES,
+        field,
+        f"must be a hugepage size nodes pre-allocate ({', '.join(HUGEPAGE_SIZES)})",
+    )
+    _require(page <= memory, field, "hugepages size cannot be bigger than requested memory")
+    _require(memory % page == 0, field, "requested memory must be divisible by hugepages size")
+
+
+# --- cpu, firmware, clock, features --------------------------------------------------------
+
+
+def _validate_cpu(cpu: CPU, at: str) -> None:
+    counts = {
+        "cores": cpu.cores,
+        "sockets": cpu.sockets,
+        "threads": cpu.threads,
+        "maxSockets": cpu.max_sockets,
+    }
+    for name, count in counts.items():
+        _require(count >= 0, f"{at}.{name}", "must not be negative")
+    for index, feature in enumerate(cpu.features):
+        _require(bool(feature.name), f"{at}.features[{index}].name", "must not be empty")
+        if feature.policy:
+            _one_of(feature.policy, CPU_FEATURE_POLICIES, f"{at}.features[{index}].policy")
+    _unique([f.name for f in cpu.features], f"{at}.features[{{}}].name")
+    _require(
+        cpu.dedicated_cpu_placement or not cpu.isolate_emulator_thread,
+        f"{at}.isolateEmulatorThread",
+        f"requires {at}.dedicatedCpuPlacement",
+    )
+
+
+def _smm_enabled(features: Features | None) -> bool:
+    return features is not None and features.smm is not None and features.smm.enabled is not False
+
+
+def _validate_firmware(firmware: Firmware, features: Features | None, at: str) -> None:
+    if firmware.uuid:
+        try:
+            uuid.UUID(firmware.uuid)
+        except ValueError:
+            raise InvalidSpec(f"{at}.uuid", "must be a UUID") from None
+    loader = firmware.bootloader
+    if loader is None:
+        return
+    _require(
+        loader.bios is None or loader.efi is None,
+        f"{at}.bootloader",
+        "must set either bios or efi, not both",
+    )
+    if loader.efi is not None and loader.efi.secure_boot:
+        _require(
+            _smm_enabled(features),
+            f"{at}.bootloader.efi.secureBoot",
+            "SecureBoot requires SMM: enable spec.domain.features.smm",
+        )
+
+
+def _validate_clock(clock: Clock, at: str) -> None:
+    _require(
+        clock.utc is None or clock.timezone is None,
+        at,
+        "must set either utc or timezone, not both",
+    )
+    timer = clock.timer
+    if timer is None:
+        return
+    for name, ticking in (("hpet", timer.hpet), ("pit", timer.pit), ("rtc", timer.rtc)):
+        if ticking is not None and ticking.tick_policy:
+            _one_of(ticking.tick_policy, TICK_POLICIES[name], f"{at}.timer.{name}.tickPolicy")
+    if timer.rtc is not None and timer.rtc.track:
+        _one_of(timer.rtc.track, RTC_TRACKS, f"{at}.timer.rtc.track")
+
+
+def _validate_hyperv(hyperv: FeatureHyperv, at: str) -> None:
+    spinlocks = hyperv.spinlocks
+    if spinlocks is not None and spinlocks.spinlocks is not None:
+        _require(
+            spinlocks.spinlocks >= MIN_SPINLOCK_RETRIES,
+            f"{at}.spinlocks.spinlocks",
+            f"must be at least {MIN_SPINLOCK_RETRIES}",
+        )
+    if hyperv.vendorid is not None:
+        _require(
+            len(hyperv.vendorid.vendorid) <= MAX_VENDORID_LENGTH,
+            f"{at}.vendorid.vendorid",
+            f"must be at most {MAX_VENDORID_LENGTH} characters",
+        )
+    for feature, required in HYPERV_REQUIRES.items():
+        wanted = getattr(hyperv, feature)
+        needed = getattr(hyperv, required)
+        _require(
+            wanted is None
+            or wanted.enabled is False
+            or needed is None
+            or needed.enabled is not False,
+            f"{at}.{feature}",
+            f"requires {at}.{required}, which is disabled",
+        )
+
+
+# --- devices and volumes -------------------------------------------------------------------
+
+
+def _validate_devices(devices: Devices, at: str) -> None:
+    for index, device in enumerate(devices.inputs):
+        field = f"{at}.inputs[{index}]"
+        _require(bool(device.name), f"{field}.name", "must not be empty")
+        _one_of(device.type, INPUT_TYPES, f"{field}.type")
+        if device.bus:
+            _one_of(device.bus, INPUT_BUSES, f"{field}.bus")
+    _unique([i.name for i in devices.inputs], f"{at}.inputs[{{}}].name")
+    _unique([i.name for i in devices.interfaces], f"{at}.interfaces[{{}}].name")
+    _unique([d.name for d in devices.disks], f"{at}.disks[{{}}].name")
+    boot_orders: set[int] = set()
+    for index, disk in enumerate(devices.disks):
+        field = f"{at}.disks[{index}]"
+        _require(
+            disk.disk is None or disk.cdrom is None,
+            field,
+            "must set either disk or cdrom, not both",
+        )
+        if disk.disk is not None and disk.disk.bus:
+            _one_of(disk.disk.bus, DISK_BUSES, f"{field}.disk.bus")
+        if disk.cdrom is not None and disk.cdrom.bus:
+            _one_of(disk.cdrom.bus, CDROM_BUSES, f"{field}.cdrom.bus")
+        if disk.boot_order is not None:
+            _require(disk.boot_order > 0, f"{field}.bootOrder", "must be greater than zero")
+            _require(
+                disk.boot_order not in boot_orders,
+                f"{field}.bootOrder",
+                f"boot order {disk.boot_order} is used by another disk",
+            )
+            boot_orders.add(disk.boot_order)
+
+
+def _validate_volumes(devices: Devices, volumes: list[Volume], path: str) -> None:
+    _unique([v.name for v in volumes], f"{path}.volumes[{{}}].name")
+    by_name = {v.name for v in volumes}
+    for index, disk in enumerate(devices.disks):
+        _require(
+            disk.name in by_name,
+            f"{path}.domain.devices.disks[{index}].name",
+            f"must match the name of a volume in {path}.volumes",
+        )
+    disk_names = {d.name for d in devices.disks}
+    for index, volume in enumerate(volumes):
+        field = f"{path}.volumes[{index}]"
+        sources = (
+            volume.container_disk,
+            volume.persistent_volume_claim,
+            volume.data_volume,
+            volume.empty_disk,
+            volume.cloud_init_no_cloud,
+        )
+        _require(
+            sum(s is not None for s in sources) == 1, field, "must have exactly one volume source"
+        )
+        _require(
+            volume.name in disk_names,
+            f"{field}.name",
+            f"must be used by a disk in {path}.domain.devices.disks",
+        )
+        if volume.empty_disk is not None:
+            _parsed(volume.empty_disk.capacity, f"{field}.emptyDisk.capacity")

@@ -1,0 +1,50 @@
+"""What the converter needs besides the spec: identity, host and cluster facts."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import msgspec
+
+from nodeagent.converter import defaults
+
+DomainType = Literal["kvm", "qemu", "test"]
+
+
+class ConverterContext(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-launch inputs that the VMI spec does not carry.
+
+    `default_cpu_model` is the HyperConverged `defaultCPUModel` ("" when unset).
+    """
+
+    name: str
+    namespace: str = "default"
+    uid: str = ""
+    domain_type: DomainType = "kvm"
+    default_cpu_model: str = ""
+    disk_dir: str = defaults.DISK_DIR
+    run_dir: str = defaults.RUN_DIR
+    ovmf_dir: str = defaults.OVMF_DIR
+
+    @property
+    def domain_name(self) -> str:
+        """KubeVirt names a domain `<namespace>_<name>`."""
+        return f"{self.namespace}_{self.name}"
+
+    @property
+    def disk_path(self) -> str:
+        """This VMI's directory of disk images and NVRAM."""
+        return os.path.join(self.disk_dir, self.namespace, self.name)
+
+    @property
+    def socket_path(self) -> str:
+        """This VMI's directory of VNC and serial console sockets."""
+        return os.path.join(self.run_dir, self.namespace, self.name)
+
+
+def hypervisor_domain_type(uri: str, kvm_device: str = "/dev/kvm") -> DomainType:
+    """`test` on libvirt's test driver, else `kvm`, or `qemu` (emulation) without /dev/kvm."""
+    if uri.startswith("test:"):
+        return "test"
+    return "kvm" if os.path.exists(kvm_device) else "qemu"

@@ -1,0 +1,30 @@
+"""`<interface>`s: one tap device per `spec.domain.devices.interfaces[]` entry.
+
+KubeVirt plugs masquerade and bridge bindings into a tap device that virt-launcher
+prepared (`type='ethernet'`, `managed='no'`); the agent creates `tap<index>` likewise.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nodeagent.converter.xmltree import child, sub
+
+if TYPE_CHECKING:
+    from events.api.validation import VMISpecLike
+    from nodeagent.converter.context import ConverterContext
+    from nodeagent.converter.xmltree import Element
+
+DEFAULT_MODEL = "virtio"
+
+
+def configure_interfaces(spec: VMISpecLike, ctx: ConverterContext, domain: Element) -> None:
+    for index, interface in enumerate(spec.domain.devices.interfaces):
+        element = sub(child(domain, "devices"), "interface", type="ethernet")
+        if interface.mac_address:
+            sub(element, "mac", address=interface.mac_address)
+        sub(element, "target", dev=f"tap{index}", managed="no")
+        sub(element, "model", type=interface.model or DEFAULT_MODEL)
+        if interface.boot_order is not None:
+            sub(element, "boot", order=interface.boot_order)
+        sub(element, "alias", name=f"ua-{interface.name}")

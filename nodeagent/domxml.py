@@ -1,0 +1,121 @@
+"""`virtbus domxml`: show the libvirt domain a VMI or VM manifest would become.
+
+Lets a person check what the agent will define before launching anything; a manifest
+the control plane would refuse is refused here with the same field and rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
+
+import msgspec
+import yaml
+
+from events.api.domain import DomainSpec, Volume
+from events.api.validation import validate_vmi_spec
+from events.errors import InvalidSpec
+from nodeagent.converter import ConverterContext, convert
+from nodeagent.converter import defaults as converter_defaults
+
+if TYPE_CHECKING:
+    from nodeagent.converter import DomainType
+
+T = TypeVar("T")
+
+SPEC_PATHS = {"VirtualMachineInstance": ("spec",), "VirtualMachine": ("spec", "template", "spec")}
+"""Where each kind keeps the VMI spec."""
+_MSGSPEC_PATH = re.compile(r"^(?P<rule>.*) - at `\$(?P<where>.*)`$")
+
+
+class VMISpecParts(NamedTuple):
+    """The VMI spec fields the converter reads; other spec fields are not its business."""
+
+    domain: DomainSpec
+    volumes: list[Volume]
+
+
+def _decode(raw: object, kind: type[T], path: str) -> T:
+    """msgspec's conversion, with its errors restated as InvalidSpec at a manifest path."""
+    try:
+        return msgspec.convert(raw, kind)
+    except msgspec.ValidationError as error:
+        match = _MSGSPEC_PATH.match(str(error))
+        if match is None:
+            raise InvalidSpec(path, str(error)) from None
+        raise InvalidSpec(path + match["where"], match["rule"]) from None
+
+
+def _mapping(value: object, path: str) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise InvalidSpec(path, "must be an object")
+    return value
+
+
+def render_manifest(
+    doc: dict[str, object],
+    *,
+    domain_type: DomainType = "kvm",
+    default_cpu_model: str = "",
+    disk_dir: str = converter_defaults.DISK_DIR,
+) -> str:
+    """Domain XML for a parsed VirtualMachineInstance or VirtualMachine manifest."""
+    kind = doc.get("kind")
+    if not isinstance(kind, str) or kind not in SPEC_PATHS:
+        raise InvalidSpec("kind", f"must be one of {', '.join(SPEC_PATHS)}")
+    metadata = _mapping(doc.get("metadata", {}), "metadata")
+    name, namespace, uid = (metadata.get(k, "") for k in ("name", "namespace", "uid"))
+    if not isinstance(name, str) or not name:
+        raise InvalidSpec("metadata.name", "must be set")
+    keys = SPEC_PATHS[kind]
+    spec: object = doc
+    for depth, key in enumerate(keys):
+        spec = _mapping(spec, ".".join(keys[:depth]) or "manifest").get(key, {})
+    path = ".".join(keys)
+    raw = _mapping(spec, path)
+    parts = VMISpecParts(
+        domain=_decode(raw.get("domain", {}), DomainSpec, f"{path}.domain"),
+        volumes=_decode(raw.get("volumes", []), list[Volume], f"{path}.volumes"),
+    )
+    validate_vmi_spec(parts, path)
+    ctx = ConverterContext(
+        name=name,
+        namespace=str(namespace or "default"),
+        uid=str(uid or ""),
+        domain_type=domain_type,
+        default_cpu_model=default_cpu_model,
+        disk_dir=disk_dir,
+    )
+    return convert(parts, ctx)
+
+
+def main_domxml(argv: list[str]) -> int:
+    """Print the domain XML of every manifest in the files; 1 and a reason on bad input."""
+    parser = argparse.ArgumentParser(prog="virtbus domxml", description=__doc__)
+    parser.add_argument("-f", "--filename", action="append", required=True, metavar="FILE")
+    parser.add_argument("--domain-type", choices=("kvm", "qemu", "test"), default="kvm")
+    parser.add_argument("--default-cpu-model", default="", help="HyperConverged defaultCPUModel")
+    parser.add_argument("--disk-dir", default=converter_defaults.DISK_DIR)
+    args = parser.parse_args(argv)
+    try:
+        for filename in args.filename:
+            with open(filename, encoding="utf-8") as stream:
+                documents = [d for d in yaml.safe_load_all(stream) if d is not None]
+            for doc in documents:
+                sys.stdout.write(
+                    render_manifest(
+                        _mapping(doc, filename),
+                        domain_type=args.domain_type,
+                        default_cpu_model=args.default_cpu_model,
+                        disk_dir=args.disk_dir,
+                    )
+                )
+    except InvalidSpec as error:
+        print(f"error: {error.field}: {error.rule}", file=sys.stderr)
+        return 1
+    except (OSError, yaml.YAMLError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
