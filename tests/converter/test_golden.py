@@ -1,0 +1,51 @@
+"""Each golden manifest renders to its recorded XML, and libvirt accepts that XML.
+
+Set VIRTBUS_UPDATE_GOLDEN=1 to rewrite the recorded XML after an intended change,
+then review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from typing import TYPE_CHECKING
+
+import libvirt
+import pytest
+
+from tests.converter.golden import CASES, GOLDEN_DIR, expected_xml, render_case
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+UPDATE = os.environ.get("VIRTBUS_UPDATE_GOLDEN") == "1"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_renders_golden_xml(case: str) -> None:
+    rendered = render_case(case)
+    if UPDATE:
+        (GOLDEN_DIR / f"{case}.xml").write_text(rendered)
+    assert rendered == expected_xml(case)
+
+
+@pytest.fixture
+def defined(test_driver: libvirt.virConnect) -> Iterator[list[libvirt.virDomain]]:
+    domains: list[libvirt.virDomain] = []
+    yield domains
+    for domain in domains:
+        domain.undefine()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_libvirt_accepts_golden_xml(
+    case: str, test_driver: libvirt.virConnect, defined: list[libvirt.virDomain]
+) -> None:
+    xml = expected_xml(case)
+    domain = test_driver.defineXMLFlags(xml, libvirt.VIR_DOMAIN_DEFINE_VALIDATE)
+    defined.append(domain)
+    root = ET.fromstring(xml)
+    _state, max_memory_kib, _memory, vcpus, _cpu_time = domain.info()
+    assert domain.name() == root.findtext("name")
+    assert vcpus == int(root.findtext("vcpu", ""))
+    assert max_memory_kib == int(root.findtext("memory", "")) // 1024

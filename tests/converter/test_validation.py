@@ -1,0 +1,354 @@
+"""Every admission rule refuses a manifest naming the offending field and the rule."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from events.errors import InvalidSpec
+from nodeagent.domxml import render_manifest
+
+BASE: dict[str, Any] = {
+    "apiVersion": "kubevirt.io/v1",
+    "kind": "VirtualMachineInstance",
+    "metadata": {"name": "v"},
+    "spec": {
+        "domain": {
+            "resources": {"requests": {"memory": "64Mi"}},
+            "devices": {"disks": [{"name": "root", "disk": {}}]},
+        },
+        "volumes": [{"name": "root", "containerDisk": {"image": "img"}}],
+    },
+}
+
+DOMAIN = "spec.domain"
+
+
+def patched(changes: dict[str, Any]) -> dict[str, Any]:
+    """BASE with `a.b.c: value` set (creating objects on the way); None deletes the key."""
+    doc = copy.deepcopy(BASE)
+    for path, value in changes.items():
+        *parents, last = path.split(".")
+        node = doc
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return doc
+
+
+def disks(*entries: dict[str, Any]) -> dict[str, Any]:
+    return {f"{DOMAIN}.devices.disks": list(entries)}
+
+
+def cpu_features(*entries: dict[str, Any]) -> dict[str, Any]:
+    return {f"{DOMAIN}.cpu.features": list(entries)}
+
+
+def hugepages(memory: str, page_size: str) -> dict[str, Any]:
+    return {
+        f"{DOMAIN}.resources.requests.memory": memory,
+        f"{DOMAIN}.memory.hugepages.pageSize": page_size,
+    }
+
+
+def inputs(*entries: dict[str, Any]) -> dict[str, Any]:
+    return {f"{DOMAIN}.devices.inputs": list(entries)}
+
+
+SMM_OFF = {f"{DOMAIN}.features.smm.enabled": False}
+SECURE_BOOT = {f"{DOMAIN}.firmware.bootloader.efi.secureBoot": True}
+PAGE_SIZE = f"{DOMAIN}.memory.hugepages.pageSize"
+REQUESTS = f"{DOMAIN}.resources.requests"
+LIMITS = f"{DOMAIN}.resources.limits"
+HYPERV = f"{DOMAIN}.features.hyperv"
+TIMER = f"{DOMAIN}.clock.timer"
+
+CASES: list[tuple[str, dict[str, Any], str, str]] = [
+    # hugepages: the seed's three limitations
+    ("hugepages-not-preallocatable", hugepages("64Mi", "4Mi"), PAGE_SIZE, "pre-allocate"),
+    ("hugepages-bigger", hugepages("64Mi", "1Gi"), PAGE_SIZE, "cannot be bigger than requested"),
+    ("hugepages-divisible", hugepages("65Mi", "2Mi"), PAGE_SIZE, "must be divisible by hugepages"),
+    ("hugepages-quantity", hugepages("64Mi", "big"), PAGE_SIZE, "must be a quantity"),
+    # input devices
+    (
+        "input-type",
+        inputs({"name": "m", "type": "mouse"}),
+        f"{DOMAIN}.devices.inputs[0].type",
+        "must be one of tablet",
+    ),
+    (
+        "input-bus",
+        inputs({"name": "t", "type": "tablet", "bus": "ps2"}),
+        f"{DOMAIN}.devices.inputs[0].bus",
+        "must be one of virtio, usb",
+    ),
+    (
+        "input-name",
+        inputs({"name": "", "type": "tablet"}),
+        f"{DOMAIN}.devices.inputs[0].name",
+        "must not be empty",
+    ),
+    (
+        "input-duplicate",
+        inputs({"name": "t", "type": "tablet"}, {"name": "t", "type": "tablet"}),
+        f"{DOMAIN}.devices.inputs[1].name",
+        "used twice",
+    ),
+    # cpu
+    (
+        "cpu-feature-policy",
+        cpu_features({"name": "apic", "policy": "maybe"}),
+        f"{DOMAIN}.cpu.features[0].policy",
+        "must be one of force, require, optional, disable, forbid",
+    ),
+    (
+        "cpu-feature-name",
+        cpu_features({"name": ""}),
+        f"{DOMAIN}.cpu.features[0].name",
+        "must not be empty",
+    ),
+    (
+        "cpu-feature-duplicate",
+        cpu_features({"name": "apic"}, {"name": "apic", "policy": "forbid"}),
+        f"{DOMAIN}.cpu.features[1].name",
+        "used twice",
+    ),
+    ("cpu-cores", {f"{DOMAIN}.cpu.cores": -1}, f"{DOMAIN}.cpu.cores", "must not be negative"),
+    (
+        "cpu-isolate-emulator",
+        {f"{DOMAIN}.cpu.isolateEmulatorThread": True},
+        f"{DOMAIN}.cpu.isolateEmulatorThread",
+        "requires spec.domain.cpu.dedicatedCpuPlacement",
+    ),
+    # firmware
+    (
+        "secure-boot-without-smm",
+        SECURE_BOOT,
+        f"{DOMAIN}.firmware.bootloader.efi.secureBoot",
+        "SecureBoot requires SMM",
+    ),
+    (
+        "secure-boot-smm-disabled",
+        SECURE_BOOT | SMM_OFF,
+        f"{DOMAIN}.firmware.bootloader.efi.secureBoot",
+        "SecureBoot requires SMM",
+    ),
+    (
+        "bios-and-efi",
+        {f"{DOMAIN}.firmware.bootloader": {"bios": {}, "efi": {}}},
+        f"{DOMAIN}.firmware.bootloader",
+        "either bios or efi",
+    ),
+    ("firmware-uuid", {f"{DOMAIN}.firmware.uuid": "nope"}, f"{DOMAIN}.firmware.uuid", "UUID"),
+    # resources and memory
+    (
+        "memory-request-over-limit",
+        {f"{LIMITS}.memory": "32Mi"},
+        f"{REQUESTS}.memory",
+        "less than or equal to spec.domain.resources.limits.memory",
+    ),
+    (
+        "seed-example-cpu-request-over-limit",
+        {
+            f"{REQUESTS}.memory": "1Gi",
+            f"{REQUESTS}.cpu": "2",
+            f"{LIMITS}.memory": "2Gi",
+            f"{LIMITS}.cpu": "1",
+        },
+        f"{REQUESTS}.cpu",
+        "less than or equal to spec.domain.resources.limits.cpu",
+    ),
+    (
+        "memory-missing",
+        {f"{DOMAIN}.resources": None},
+        f"{REQUESTS}.memory",
+        "must be set, or spec.domain.memory.guest",
+    ),
+    (
+        "guest-over-limit",
+        {f"{DOMAIN}.memory.guest": "1Gi", f"{LIMITS}.memory": "512Mi"},
+        f"{DOMAIN}.memory.guest",
+        "less than or equal to spec.domain.resources.limits.memory",
+    ),
+    ("guest-zero", {f"{DOMAIN}.memory.guest": 0}, f"{DOMAIN}.memory.guest", "greater than zero"),
+    ("request-quantity", {f"{REQUESTS}.cpu": "lots"}, f"{REQUESTS}.cpu", "must be a quantity"),
+    # clock
+    (
+        "clock-utc-and-timezone",
+        {f"{DOMAIN}.clock": {"utc": {}, "timezone": "Europe/Paris"}},
+        f"{DOMAIN}.clock",
+        "either utc or timezone",
+    ),
+    (
+        "pit-tick-policy",
+        {f"{TIMER}.pit.tickPolicy": "merge"},
+        f"{TIMER}.pit.tickPolicy",
+        "must be one of delay, catchup, discard",
+    ),
+    (
+        "rtc-tick-policy",
+        {f"{TIMER}.rtc.tickPolicy": "discard"},
+        f"{TIMER}.rtc.tickPolicy",
+        "must be one of delay, catchup",
+    ),
+    (
+        "hpet-tick-policy",
+        {f"{TIMER}.hpet.tickPolicy": "skip"},
+        f"{TIMER}.hpet.tickPolicy",
+        "must be one of delay, catchup, merge, discard",
+    ),
+    ("rtc-track", {f"{TIMER}.rtc.track": "host"}, f"{TIMER}.rtc.track", "must be one of guest"),
+    # hyperv
+    (
+        "spinlocks-retries",
+        {f"{HYPERV}.spinlocks.spinlocks": 100},
+        f"{HYPERV}.spinlocks.spinlocks",
+        "at least 4096",
+    ),
+    (
+        "vendorid-length",
+        {f"{HYPERV}.vendorid.vendorid": "thirteen-char"},
+        f"{HYPERV}.vendorid.vendorid",
+        "at most 12 characters",
+    ),
+    (
+        "synic-needs-vpindex",
+        {f"{HYPERV}.synic": {}, f"{HYPERV}.vpindex.enabled": False},
+        f"{HYPERV}.synic",
+        "requires spec.domain.features.hyperv.vpindex, which is disabled",
+    ),
+    (
+        "evmcs-needs-vapic",
+        {f"{HYPERV}.evmcs": {}, f"{HYPERV}.vapic.enabled": False},
+        f"{HYPERV}.evmcs",
+        "requires spec.domain.features.hyperv.vapic",
+    ),
+    # disks and volumes
+    (
+        "disk-without-volume",
+        disks({"name": "root"}, {"name": "other"}),
+        f"{DOMAIN}.devices.disks[1].name",
+        "must match the name of a volume",
+    ),
+    (
+        "volume-without-disk",
+        disks(),
+        "spec.volumes[0].name",
+        "must be used by a disk",
+    ),
+    (
+        "volume-two-sources",
+        {
+            "spec.volumes": [
+                {"name": "root", "containerDisk": {"image": "i"}, "emptyDisk": {"capacity": "1Gi"}}
+            ]
+        },
+        "spec.volumes[0]",
+        "exactly one volume source",
+    ),
+    (
+        "volume-no-source",
+        {"spec.volumes": [{"name": "root"}]},
+        "spec.volumes[0]",
+        "exactly one volume source",
+    ),
+    (
+        "volume-duplicate",
+        {"spec.volumes": [{"name": "root", "containerDisk": {"image": "i"}}] * 2},
+        "spec.volumes[1].name",
+        "used twice",
+    ),
+    (
+        "disk-duplicate",
+        disks({"name": "root"}, {"name": "root"}),
+        f"{DOMAIN}.devices.disks[1].name",
+        "used twice",
+    ),
+    (
+        "disk-and-cdrom",
+        disks({"name": "root", "disk": {}, "cdrom": {}}),
+        f"{DOMAIN}.devices.disks[0]",
+        "either disk or cdrom",
+    ),
+    (
+        "disk-bus",
+        disks({"name": "root", "disk": {"bus": "ide"}}),
+        f"{DOMAIN}.devices.disks[0].disk.bus",
+        "must be one of virtio, sata, scsi, usb",
+    ),
+    (
+        "cdrom-bus",
+        disks({"name": "root", "cdrom": {"bus": "virtio"}}),
+        f"{DOMAIN}.devices.disks[0].cdrom.bus",
+        "must be one of sata, scsi, usb",
+    ),
+    (
+        "boot-order-zero",
+        disks({"name": "root", "bootOrder": 0}),
+        f"{DOMAIN}.devices.disks[0].bootOrder",
+        "greater than zero",
+    ),
+    (
+        "empty-disk-capacity",
+        {"spec.volumes": [{"name": "root", "emptyDisk": {"capacity": "huge"}}]},
+        "spec.volumes[0].emptyDisk.capacity",
+        "must be a quantity",
+    ),
+    (
+        "interface-duplicate",
+        {f"{DOMAIN}.devices.interfaces": [{"name": "a"}, {"name": "a"}]},
+        f"{DOMAIN}.devices.interfaces[1].name",
+        "used twice",
+    ),
+    # decoding and the manifest envelope
+    ("unknown-field", {f"{DOMAIN}.cpu.corez": 2}, f"{DOMAIN}.cpu", "unknown field `corez`"),
+    ("wrong-type", {f"{DOMAIN}.cpu.cores": "two"}, f"{DOMAIN}.cpu.cores", "Expected `int`"),
+    ("kind", {"kind": "Pod"}, "kind", "must be one of VirtualMachineInstance, VirtualMachine"),
+    ("name", {"metadata.name": None}, "metadata.name", "must be set"),
+]
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "rule"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_rule_refuses(changes: dict[str, Any], field: str, rule: str) -> None:
+    with pytest.raises(InvalidSpec) as raised:
+        render_manifest(patched(changes))
+    assert raised.value.field == field
+    assert rule in raised.value.rule
+
+
+def test_boot_order_reused() -> None:
+    doc = patched(
+        disks({"name": "root", "bootOrder": 1}, {"name": "data", "bootOrder": 1})
+        | {
+            "spec.volumes": [
+                {"name": n, "containerDisk": {"image": "i"}} for n in ("root", "data")
+            ]
+        }
+    )
+    with pytest.raises(InvalidSpec) as raised:
+        render_manifest(doc)
+    assert raised.value.field == f"{DOMAIN}.devices.disks[1].bootOrder"
+    assert "used by another disk" in raised.value.rule
+
+
+def test_vm_fields_are_under_the_template() -> None:
+    vmi = patched({f"{DOMAIN}.cpu.cores": -2})
+    vm = {
+        "kind": "VirtualMachine",
+        "metadata": {"name": "vm"},
+        "spec": {"template": {"spec": vmi["spec"]}},
+    }
+    with pytest.raises(InvalidSpec) as raised:
+        render_manifest(vm)
+    assert raised.value.field == "spec.template.spec.domain.cpu.cores"
+
+
+def test_valid_base_renders() -> None:
+    assert render_manifest(BASE).startswith('<domain type="kvm">')
