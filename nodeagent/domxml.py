@@ -9,18 +9,20 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 import yaml
 
-from events.api.domain import DomainSpec, Volume
 from events.api.validation import validate_vmi_spec
+from events.api.vm import VirtualMachineInstanceSpec
 from events.errors import InvalidSpec
 from nodeagent.converter import ConverterContext, convert
 from nodeagent.converter import defaults as converter_defaults
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from nodeagent.converter import DomainType
 
 T = TypeVar("T")
@@ -28,13 +30,6 @@ T = TypeVar("T")
 SPEC_PATHS = {"VirtualMachineInstance": ("spec",), "VirtualMachine": ("spec", "template", "spec")}
 """Where each kind keeps the VMI spec."""
 _MSGSPEC_PATH = re.compile(r"^(?P<rule>.*) - at `\$(?P<where>.*)`$")
-
-
-class VMISpecParts(NamedTuple):
-    """The VMI spec fields the converter reads; other spec fields are not its business."""
-
-    domain: DomainSpec
-    volumes: list[Volume]
 
 
 def _decode(raw: object, kind: type[T], path: str) -> T:
@@ -55,7 +50,7 @@ def _mapping(value: object, path: str) -> dict[str, object]:
 
 
 def render_manifest(
-    doc: dict[str, object],
+    doc: Mapping[str, object],
     *,
     domain_type: DomainType = "kvm",
     default_cpu_model: str = "",
@@ -74,12 +69,8 @@ def render_manifest(
     for depth, key in enumerate(keys):
         spec = _mapping(spec, ".".join(keys[:depth]) or "manifest").get(key, {})
     path = ".".join(keys)
-    raw = _mapping(spec, path)
-    parts = VMISpecParts(
-        domain=_decode(raw.get("domain", {}), DomainSpec, f"{path}.domain"),
-        volumes=_decode(raw.get("volumes", []), list[Volume], f"{path}.volumes"),
-    )
-    validate_vmi_spec(parts, path)
+    vmi_spec = _decode(_mapping(spec, path), VirtualMachineInstanceSpec, path)
+    validate_vmi_spec(vmi_spec, path)
     ctx = ConverterContext(
         name=name,
         namespace=str(namespace or "default"),
@@ -88,7 +79,7 @@ def render_manifest(
         default_cpu_model=default_cpu_model,
         disk_dir=disk_dir,
     )
-    return convert(parts, ctx)
+    return convert(vmi_spec, ctx)
 
 
 def main_domxml(argv: list[str]) -> int:

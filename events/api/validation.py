@@ -62,9 +62,18 @@ class VMISpecLike(Protocol):
     @property
     def volumes(self) -> list[Volume]: ...
 
+    @property
+    def termination_grace_period_seconds(self) -> int | None: ...
+
 
 def validate_vmi_spec(spec: VMISpecLike, path: str = "spec") -> None:
     """Refuse a spec KubeVirt would refuse; `path` prefixes every reported field."""
+    grace = spec.termination_grace_period_seconds
+    _require(
+        grace is None or grace >= 0,
+        f"{path}.terminationGracePeriodSeconds",
+        "must not be negative",
+    )
     domain, at = spec.domain, f"{path}.domain"
     _validate_resources(domain, at)
     _validate_memory(domain, at)

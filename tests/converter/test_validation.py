@@ -305,6 +305,12 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         f"{DOMAIN}.devices.interfaces[1].name",
         "used twice",
     ),
+    (
+        "grace-period",
+        {"spec.terminationGracePeriodSeconds": -1},
+        "spec.terminationGracePeriodSeconds",
+        "must not be negative",
+    ),
     # decoding and the manifest envelope
     ("unknown-field", {f"{DOMAIN}.cpu.corez": 2}, f"{DOMAIN}.cpu", "unknown field `corez`"),
     ("wrong-type", {f"{DOMAIN}.cpu.cores": "two"}, f"{DOMAIN}.cpu.cores", "Expected `int`"),
