@@ -318,6 +318,11 @@ class JetStreamAggregateRecorder(AggregateRecorder):
             self.datastore.append(self.space, stored_events, tracking)
         )
 
+    def last_position(self, originator_id: uuid.UUID | str) -> tuple[int, int] | None:
+        """(version, stream sequence) of an aggregate's newest event, read from the server."""
+        subject = aggregate_subject(self.space.root, originator_id)
+        return self.datastore.bridge.run(self.datastore.refresh(self.space.stream, subject))
+
     def select_events(
         self,
         originator_id: uuid.UUID | str,

@@ -15,7 +15,8 @@ class ApiStruct(
     """Base for spec types: a typo in a manifest is an error naming the field, never ignored.
 
     Not frozen: mypy's dataclass_transform would demand `frozen=True` on every subclass.
-    Specs are still treated as values; nothing mutates one after decoding.
+    Specs are still treated as values; nothing mutates one after decoding. msgspec applies
+    `kw_only` per class, so subclasses list required fields first.
     """
 
 

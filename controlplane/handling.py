@@ -1,0 +1,181 @@
+"""Command handling: decide on fresh state, append atomically with the command's marker,
+and give exactly one outcome per command id.
+
+The marker is a `CommandAccepted` event on the command's own aggregate, `command._.<id>`,
+appended in the same atomic batch as the decision's events. The store lets that aggregate
+be created once, so a command delivered twice (a crash before its ack, a client retry) is
+recognised and answered with its first outcome instead of being applied again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import structlog
+from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.persistence import IntegrityError, Mapper
+
+from controlplane.aggregate import Aggregate, Cause, projector
+from events.codec import Event, EventMapper
+from events.errors import InvalidSpec, VirtbusError
+from events.jetstream import JetStreamApplicationRecorder
+from events.messages import COMMAND_KIND, Command, CommandAccepted, Outcome
+from events.subjects import aggregate_id
+from projections.views import View
+
+log = structlog.get_logger(__name__)
+
+V = TypeVar("V", bound=View)
+MAX_ATTEMPTS = 5
+
+
+class Rejected(VirtbusError):
+    """The command is well-formed but not possible now; `reason` says what to do."""
+
+    def __init__(self, reason: str, field: str = "") -> None:
+        self.reason = reason
+        self.field = field
+        super().__init__(reason)
+
+
+class CommandView(View):
+    def __init__(self, aggregate_id: str) -> None:
+        super().__init__(aggregate_id)
+        self.count = 0
+
+    def mutate(self, event: Event) -> None:
+        if isinstance(event, CommandAccepted):
+            self.exists = True
+
+
+class VirtbusApplication(Application[str]):
+    """The library Application over events.jetstream, with the msgspec mapper."""
+
+    name = "virtbus"
+
+    def construct_mapper(self) -> Mapper[str]:
+        return EventMapper(transcoder=self.factory.transcoder(), cipher=self.factory.cipher(),
+                           compressor=self.factory.compressor())
+
+    def load(self, agg_id: str, view_cls: type[V]) -> Aggregate[V]:
+        try:
+            found: Aggregate[V] = self.repository.get(agg_id, projector_func=projector(view_cls))
+        except AggregateNotFoundError:
+            return Aggregate(view_cls(agg_id))
+        return found
+
+
+class Decision:
+    """One attempt at a command: the aggregates it loaded and the events it added."""
+
+    def __init__(self, app: VirtbusApplication, command: Command) -> None:
+        self.app = app
+        self.command = command
+        self.cause = Cause(command.actor, command.id, command.correlation_id or command.id)
+        self.touched: dict[str, Aggregate[Any]] = {}
+
+    def load(self, agg_id: str, view_cls: type[V]) -> Aggregate[V]:
+        if agg_id not in self.touched:
+            self.touched[agg_id] = self.app.load(agg_id, view_cls)
+        return self.touched[agg_id]
+
+    def trigger(self, aggregate: Aggregate[Any], event_cls: type[Event], **fields: Any) -> None:
+        aggregate.trigger(self.cause, event_cls, **fields)
+
+    @property
+    def events(self) -> list[Event]:
+        return [e for agg in self.touched.values() for e in agg.pending]
+
+
+Handler = Callable[[Decision], None]
+HANDLERS: dict[tuple[str, str], Handler] = {}
+H = TypeVar("H", bound=Handler)
+
+
+def handles(kind: str, verb: str) -> Callable[[H], H]:
+    def register(fn: H) -> H:
+        HANDLERS[(kind, verb)] = fn
+        return fn
+
+    return register
+
+
+class Result:
+    """An outcome and, when accepted, the events with their stream sequences."""
+
+    def __init__(self, outcome: Outcome, events: list[tuple[int, Event]] | None = None) -> None:
+        self.outcome = outcome
+        self.events = events or []
+
+
+class CommandHandler:
+    def __init__(self, app: VirtbusApplication) -> None:
+        self.app = app
+
+    def execute(self, command: Command) -> Result:
+        bound = log.bind(command_id=command.id, kind=command.kind, verb=command.verb,
+                         name=command.name, namespace=command.namespace, actor=command.actor,
+                         correlation_id=command.correlation_id or command.id)
+        handler = HANDLERS.get((command.kind, command.verb))
+        if handler is None:
+            return self._reject(command, f"{command.kind} does not support {command.verb!r}",
+                                "verb")
+        marker_id = aggregate_id(COMMAND_KIND, "", command.id)
+        for _attempt in range(MAX_ATTEMPTS):
+            decision = Decision(self.app, command)
+            try:
+                handler(decision)
+            except InvalidSpec as e:
+                bound.info("command rejected", field=e.field, reason=e.rule)
+                return self._reject(command, e.rule, e.field)
+            except Rejected as e:
+                bound.info("command rejected", reason=e.reason)
+                return self._reject(command, e.reason, e.field)
+            events = decision.events
+            if not events:
+                return Result(Outcome(command_id=command.id, accepted=True))
+            marker = Aggregate(CommandView(marker_id))
+            marker.trigger(decision.cause, CommandAccepted, command_id=command.id,
+                           kind=command.kind, verb=command.verb, target=command.name)
+            try:
+                recordings = self.app.save(marker, *decision.touched.values())
+            except IntegrityError:
+                prior = self.prior(command)
+                if prior is not None:
+                    bound.info("command already applied")
+                    return prior
+                bound.debug("conflict, retrying from fresh state")
+                continue
+            seqs = [r.notification.id for r in recordings[1:]]
+            bound.info("command accepted", sequences=seqs)
+            outcome = Outcome(command_id=command.id, accepted=True, sequences=seqs)
+            return Result(outcome, list(zip(seqs, events, strict=True)))
+        return self._reject(command, "the object kept changing concurrently; retry", "")
+
+    def prior(self, command: Command) -> Result | None:
+        """The outcome of an earlier delivery of this command, from its marker in the log."""
+        recorder = self.app.recorder
+        assert isinstance(recorder, JetStreamApplicationRecorder)
+        position = recorder.last_position(aggregate_id(COMMAND_KIND, "", command.id))
+        if position is None:
+            return None
+        _version, marker_seq = position
+        later = recorder.select_notifications(marker_seq, MAX_BATCH_SCAN,
+                                              inclusive_of_start=False)
+        seqs = []
+        for n in later:
+            event = self.app.mapper.to_domain_event(n)
+            if getattr(event, "causation_id", None) == command.id:
+                seqs.append(n.id)
+            else:
+                break
+        return Result(Outcome(command_id=command.id, accepted=True, sequences=seqs))
+
+    @staticmethod
+    def _reject(command: Command, reason: str, field: str) -> Result:
+        return Result(Outcome(command_id=command.id, accepted=False, reason=reason, field=field))
+
+
+MAX_BATCH_SCAN = 1000
+"""An atomic batch holds at most this many events, so a command's follow at most this far."""

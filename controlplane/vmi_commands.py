@@ -1,0 +1,130 @@
+"""VirtualMachineInstance commands: from users (apply, delete) and from controllers and node
+reports (create for a VM, schedule, observe)."""
+
+from __future__ import annotations
+
+import uuid
+
+import msgspec
+
+from controlplane.aggregate import Aggregate
+from controlplane.handling import Decision, Rejected, handles
+from events.api.base import ObjectMeta
+from events.api.manifest import decode_object
+from events.api.vm import VirtualMachineInstance
+from events.errors import InvalidSpec
+from events.messages import DomainObservation
+from events.subjects import aggregate_id
+from events.vm import (
+    VM_KIND,
+    VMI_KIND,
+    VirtualMachineInstanceCreated,
+    VirtualMachineInstanceDeleted,
+    VirtualMachineInstanceDeletionRequested,
+    VirtualMachineInstancePhaseChanged,
+    VirtualMachineInstanceScheduled,
+)
+from projections.views import TERMINAL_PHASES, VirtualMachineInstanceView, VirtualMachineView
+
+KIND = "VirtualMachineInstance"
+
+
+def load_vmi(d: Decision) -> Aggregate[VirtualMachineInstanceView]:
+    cmd = d.command
+    return d.load(aggregate_id(VMI_KIND, cmd.namespace, cmd.name), VirtualMachineInstanceView)
+
+
+def existing_vmi(d: Decision) -> Aggregate[VirtualMachineInstanceView]:
+    vmi = load_vmi(d)
+    cmd = d.command
+    if not vmi.exists:
+        raise Rejected(f'virtualmachineinstance "{cmd.namespace}/{cmd.name}" not found',
+                       "metadata.name")
+    return vmi
+
+
+@handles(KIND, "apply")
+def apply(d: Decision) -> None:
+    if d.command.manifest is None:
+        raise InvalidSpec("manifest", "apply needs the object")
+    new = decode_object(d.command.manifest)
+    assert isinstance(new, VirtualMachineInstance)
+    vmi = d.load(aggregate_id(VMI_KIND, new.metadata.namespace, new.metadata.name),
+                 VirtualMachineInstanceView)
+    if vmi.exists:
+        if vmi.state.spec != new.spec:
+            raise InvalidSpec("spec", "a VirtualMachineInstance's spec cannot change")
+        return
+    d.trigger(vmi, VirtualMachineInstanceCreated, uid=str(uuid.uuid4()), metadata=new.metadata,
+              spec=new.spec)
+
+
+@handles(KIND, "create-for-vm")
+def create_for_vm(d: Decision) -> None:
+    """The VM controller's: a VMI from the VM's template, at the VM's restart count."""
+    cmd = d.command
+    vm = d.load(aggregate_id(VM_KIND, cmd.namespace, cmd.name), VirtualMachineView)
+    vmi = load_vmi(d)
+    if not vm.exists or not vm.state.wants_running or vmi.exists:
+        raise Rejected("no longer needed")
+    assert vm.state.spec is not None
+    template = vm.state.spec.template
+    labels = {**template.metadata.labels, "kubevirt.io/vm": cmd.name}
+    meta = ObjectMeta(name=cmd.name, namespace=cmd.namespace, labels=labels,
+                      annotations=dict(template.metadata.annotations))
+    d.trigger(vmi, VirtualMachineInstanceCreated, uid=str(uuid.uuid4()), metadata=meta,
+              spec=template.spec, owner=cmd.name, restart_count=vm.state.restart_count)
+
+
+@handles(KIND, "schedule")
+def schedule(d: Decision) -> None:
+    vmi = existing_vmi(d)
+    node = (d.command.manifest or {}).get("node", "")
+    if vmi.state.node or vmi.state.phase != "Pending" or vmi.state.deletion_requested_at:
+        raise Rejected("already scheduled or going away")
+    d.trigger(vmi, VirtualMachineInstanceScheduled, node=node)
+
+
+@handles(KIND, "fail")
+def fail(d: Decision) -> None:
+    """A controller's verdict, e.g. the node under a VMI is lost."""
+    vmi = existing_vmi(d)
+    reason = (d.command.manifest or {}).get("reason", "")
+    if vmi.state.phase in TERMINAL_PHASES:
+        raise Rejected("already finished")
+    d.trigger(vmi, VirtualMachineInstancePhaseChanged, phase="Failed", reason=reason)
+
+
+@handles(KIND, "delete")
+def delete(d: Decision) -> None:
+    vmi = existing_vmi(d)
+    if vmi.state.deletion_requested_at is not None:
+        return
+    assert vmi.state.spec is not None
+    grace = d.command.grace_period_seconds
+    if grace is None:
+        grace = vmi.state.spec.grace_period_seconds
+    d.trigger(vmi, VirtualMachineInstanceDeletionRequested, grace_period_seconds=grace)
+    if not vmi.state.node or vmi.state.phase in TERMINAL_PHASES:
+        # Nothing runs anywhere: no node has to stop it, so it is gone at once.
+        d.trigger(vmi, VirtualMachineInstanceDeleted)
+
+
+@handles(KIND, "observe")
+def observe(d: Decision) -> None:
+    """A node's report of a domain, turned into phase changes and final deletion."""
+    obs = msgspec.convert(d.command.manifest or {}, DomainObservation)
+    vmi = load_vmi(d)
+    state = vmi.state
+    if not vmi.exists or state.uid != obs.uid:
+        raise Rejected("stale report: no such VMI instance")
+    if obs.gone:
+        if state.phase not in TERMINAL_PHASES:
+            asked = state.deletion_requested_at is not None
+            phase = "Succeeded" if asked or obs.phase == "Succeeded" else "Failed"
+            d.trigger(vmi, VirtualMachineInstancePhaseChanged, phase=phase, reason=obs.reason)
+        if state.deletion_requested_at is not None:
+            d.trigger(vmi, VirtualMachineInstanceDeleted)
+        return
+    if obs.phase != state.phase and state.phase not in TERMINAL_PHASES:
+        d.trigger(vmi, VirtualMachineInstancePhaseChanged, phase=obs.phase, reason=obs.reason)

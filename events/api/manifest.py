@@ -1,0 +1,104 @@
+"""From YAML text to typed objects, with errors that name the field and the rule."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+import msgspec
+import yaml
+
+from events.api.base import ApiStruct
+from events.api.vm import (
+    API_VERSION,
+    SUPPORTED_RUN_STRATEGIES,
+    VirtualMachine,
+    VirtualMachineInstance,
+)
+from events.errors import InvalidSpec
+
+DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS1123_LABEL_MAX: Final = 63
+
+KINDS: dict[str, tuple[str, type[ApiStruct]]] = {
+    "VirtualMachine": (API_VERSION, VirtualMachine),
+    "VirtualMachineInstance": (API_VERSION, VirtualMachineInstance),
+}
+"""Kinds `apply` accepts: kind -> (apiVersion, type). Other modules register theirs."""
+
+
+def register_kind(kind: str, api_version: str, cls: type[ApiStruct]) -> None:
+    KINDS[kind] = (api_version, cls)
+
+
+def parse_documents(text: str, source: str = "input") -> list[dict[str, Any]]:
+    """Every non-empty document of a (multi-document) YAML or JSON text."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise InvalidSpec(source, f"must be valid YAML: {e}") from None
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, dict):
+            raise InvalidSpec(f"{source}[{i}]", "each document must be a mapping (an object)")
+    return docs
+
+
+def check_dns1123_label(field: str, value: str) -> None:
+    if not value:
+        raise InvalidSpec(field, "is required")
+    if len(value) > DNS1123_LABEL_MAX or not DNS1123_LABEL.fullmatch(value):
+        raise InvalidSpec(
+            field,
+            "must be a DNS-1123 label: at most 63 lower-case letters, digits or '-', "
+            "starting and ending with a letter or digit",
+        )
+
+
+def _field_path(message: str) -> tuple[str, str]:
+    """Split msgspec's `... - at `$.spec.x`` into (`spec.x`, rule)."""
+    rule, sep, where = message.rpartition(" - at `$")
+    if not sep:
+        return "(root)", message
+    path = where.rstrip("`").lstrip(".")
+    return path or "(root)", rule
+
+
+def decode_object(doc: dict[str, Any], *, default_namespace: str = "default") -> ApiStruct:
+    """A typed object from one parsed document; validation of shape and names only."""
+    kind = doc.get("kind")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise InvalidSpec("kind", f"must be one of {', '.join(sorted(KINDS))}, not {kind!r}")
+    api_version, cls = KINDS[kind]
+    if doc.get("apiVersion") != api_version:
+        raise InvalidSpec("apiVersion", f"must be {api_version} for kind {kind}")
+    try:
+        obj = msgspec.convert(doc, cls)
+    except msgspec.ValidationError as e:
+        field, rule = _field_path(str(e))
+        raise InvalidSpec(field, rule) from None
+    meta = getattr(obj, "metadata", None)
+    if meta is not None:
+        check_dns1123_label("metadata.name", meta.name)
+        if not meta.namespace:
+            meta.namespace = default_namespace
+        check_dns1123_label("metadata.namespace", meta.namespace)
+    if isinstance(obj, VirtualMachine):
+        validate_vm(obj)
+    return obj
+
+
+def validate_vm(vm: VirtualMachine) -> None:
+    spec = vm.spec
+    if spec.running is not None and spec.run_strategy is not None:
+        raise InvalidSpec("spec.running", "cannot be set together with spec.runStrategy")
+    if spec.effective_run_strategy not in SUPPORTED_RUN_STRATEGIES:
+        raise InvalidSpec(
+            "spec.runStrategy",
+            f"must be one of {', '.join(SUPPORTED_RUN_STRATEGIES)} "
+            f"(others are not supported yet), not {spec.run_strategy!r}",
+        )
+
+
+def to_builtins(obj: ApiStruct) -> dict[str, Any]:
+    out: dict[str, Any] = msgspec.to_builtins(obj)
+    return out

@@ -1,0 +1,81 @@
+"""kubevirt.io/v1 VirtualMachine and VirtualMachineInstance, as submitted by users."""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+import msgspec
+
+from events.api.base import ApiStruct, ObjectMeta
+from events.api.domain import DomainSpec, Volume
+
+API_VERSION: Final = "kubevirt.io/v1"
+DEFAULT_GRACE_PERIOD_SECONDS: Final = 180
+"""KubeVirt's default terminationGracePeriodSeconds for a VMI."""
+
+RunStrategy = Literal["Always", "Halted", "Manual", "RerunOnFailure", "Once", "WaitAsReceiver"]
+SUPPORTED_RUN_STRATEGIES: Final = ("Always", "Halted", "Manual")
+
+
+class VirtualMachineInstanceSpec(ApiStruct):
+    domain: DomainSpec
+    volumes: list[Volume] = []
+    networks: list[dict[str, Any]] = []
+    node_selector: dict[str, str] = {}
+    affinity: dict[str, Any] | None = None
+    tolerations: list[dict[str, Any]] = []
+    termination_grace_period_seconds: int | None = None
+    eviction_strategy: str | None = None
+    hostname: str = ""
+    subdomain: str = ""
+    scheduler_name: str = ""
+    priority_class_name: str = ""
+    start_strategy: str = ""
+    architecture: str = ""
+    access_credentials: list[dict[str, Any]] = []
+    readiness_probe: dict[str, Any] | None = None
+    liveness_probe: dict[str, Any] | None = None
+
+    @property
+    def grace_period_seconds(self) -> int:
+        t = self.termination_grace_period_seconds
+        return DEFAULT_GRACE_PERIOD_SECONDS if t is None else t
+
+
+class VirtualMachineInstanceTemplateSpec(ApiStruct):
+    spec: VirtualMachineInstanceSpec
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+
+
+class VirtualMachineSpec(ApiStruct):
+    template: VirtualMachineInstanceTemplateSpec
+    running: bool | None = None
+    run_strategy: RunStrategy | None = None
+    instancetype: dict[str, Any] | None = None
+    preference: dict[str, Any] | None = None
+    data_volume_templates: list[dict[str, Any]] = []
+
+    @property
+    def effective_run_strategy(self) -> RunStrategy:
+        """`runStrategy`, else `running` mapped as KubeVirt does, else Halted."""
+        if self.run_strategy is not None:
+            return self.run_strategy
+        if self.running is None:
+            return "Halted"
+        return "Always" if self.running else "Halted"
+
+
+class VirtualMachine(ApiStruct):
+    metadata: ObjectMeta
+    spec: VirtualMachineSpec
+    api_version: str = API_VERSION
+    kind: Literal["VirtualMachine"] = "VirtualMachine"
+    status: dict[str, Any] | None = None
+
+
+class VirtualMachineInstance(ApiStruct):
+    metadata: ObjectMeta
+    spec: VirtualMachineInstanceSpec
+    api_version: str = API_VERSION
+    kind: Literal["VirtualMachineInstance"] = "VirtualMachineInstance"
+    status: dict[str, Any] | None = None

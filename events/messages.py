@@ -1,0 +1,96 @@
+"""Messages that are not events: commands in, outcomes out, node work and node reports.
+
+| message      | stream / bucket  | writer           | reader            |
+|--------------|------------------|------------------|-------------------|
+| Command      | `P_COMMANDS`     | clients          | control plane     |
+| Outcome      | `P_OUTCOMES` KV  | control plane    | the client waiting|
+| NodeCommand  | `P_NODE`         | dispatcher       | that node's agent |
+| NodeReport   | `P_REPORTS`      | node agents      | control plane     |
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+import msgspec
+
+from events.codec import Event, event_type
+
+COMMAND_KIND: Final = "command"
+
+Verb = Literal["apply", "start", "stop", "restart", "delete", "pause", "unpause", "patch"]
+
+
+class Command(msgspec.Struct, frozen=True, kw_only=True):
+    """A request to change something; idempotent by `id`."""
+
+    id: str
+    actor: str
+    kind: str
+    verb: str
+    namespace: str = ""
+    name: str = ""
+    manifest: dict[str, Any] | None = None
+    """The whole object, for `apply`."""
+    correlation_id: str = ""
+    grace_period_seconds: int | None = None
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """Exactly one per command: accepted with the sequences of its events, or rejected."""
+
+    command_id: str
+    accepted: bool
+    sequences: list[int] = []
+    reason: str = ""
+    field: str = ""
+
+
+@event_type("CommandAccepted")
+class CommandAccepted(Event, frozen=True, kw_only=True):
+    """Appended in the same atomic batch as a command's events; its aggregate,
+    `command._.<id>`, may exist once, which is what makes commands idempotent."""
+
+    command_id: str
+    kind: str
+    verb: str
+    target: str
+
+
+NodeVerb = Literal["launch", "stop", "pause", "unpause", "restart"]
+
+
+class NodeCommand(msgspec.Struct, frozen=True, kw_only=True):
+    """Work for one node's agent, dispatched from an event (its id dedupes the dispatch)."""
+
+    event_id: str
+    verb: NodeVerb
+    namespace: str
+    name: str
+    uid: str
+    vmi: dict[str, Any] | None = None
+    """The VMI (apiVersion/kind/metadata/spec) to launch, in KubeVirt's JSON shape."""
+    grace_period_seconds: int = 0
+
+
+ReportKind = Literal["node", "domain"]
+
+
+class DomainObservation(msgspec.Struct, frozen=True, kw_only=True):
+    """What an agent saw of one guest. `phase` is already mapped as virt-handler maps it."""
+
+    namespace: str
+    name: str
+    uid: str
+    phase: str
+    reason: str = ""
+    gone: bool = False
+    """The domain no longer exists on the host."""
+
+
+class NodeReport(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    node: str
+    kind: ReportKind
+    info: dict[str, Any] | None = None
+    domain: DomainObservation | None = None

@@ -1,0 +1,95 @@
+"""Events of VirtualMachines and VirtualMachineInstances.
+
+A VM's aggregate id is `vm.<namespace>.<name>`, its VMI's is `vmi.<namespace>.<name>`: the
+same name, as in KubeVirt, so deleting and re-creating either continues one history.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from events.api.base import ObjectMeta
+from events.api.vm import VirtualMachineInstanceSpec, VirtualMachineSpec
+from events.codec import Event, event_type
+
+VM_KIND: Final = "vm"
+VMI_KIND: Final = "vmi"
+
+Phase = Literal["Pending", "Scheduling", "Scheduled", "Running", "Succeeded", "Failed"]
+StateChange = Literal["Start", "Stop"]
+
+
+@event_type("VirtualMachineCreated")
+class VirtualMachineCreated(Event, frozen=True, kw_only=True):
+    uid: str
+    metadata: ObjectMeta
+    spec: VirtualMachineSpec
+
+
+@event_type("VirtualMachineUpdated")
+class VirtualMachineUpdated(Event, frozen=True, kw_only=True):
+    """A new spec (and labels/annotations); `generation` counts spec changes as in k8s."""
+
+    metadata: ObjectMeta
+    spec: VirtualMachineSpec
+    generation: int
+
+
+@event_type("VirtualMachineRunStrategyChanged")
+class VirtualMachineRunStrategyChanged(Event, frozen=True, kw_only=True):
+    """`virtctl start|stop` on Always/Halted rewrites spec.runStrategy, as KubeVirt does."""
+
+    run_strategy: str
+    generation: int
+
+
+@event_type("VirtualMachineStateChangeRequested")
+class VirtualMachineStateChangeRequested(Event, frozen=True, kw_only=True):
+    """`start`/`stop` on runStrategy Manual: a request in status.stateChangeRequests."""
+
+    action: StateChange
+
+
+@event_type("VirtualMachineRestartRequested")
+class VirtualMachineRestartRequested(Event, frozen=True, kw_only=True):
+    """Restart: the VMI is deleted and, the run strategy permitting, created anew."""
+
+    restart_count: int
+
+
+@event_type("VirtualMachineDeleted")
+class VirtualMachineDeleted(Event, frozen=True, kw_only=True):
+    pass
+
+
+@event_type("VirtualMachineInstanceCreated")
+class VirtualMachineInstanceCreated(Event, frozen=True, kw_only=True):
+    uid: str
+    metadata: ObjectMeta
+    spec: VirtualMachineInstanceSpec
+    owner: str = ""
+    """The owning VM's name, or '' for a standalone VMI."""
+    restart_count: int = 0
+    """The owner's restart count when this VMI was made; a later restart replaces it."""
+
+
+@event_type("VirtualMachineInstanceScheduled")
+class VirtualMachineInstanceScheduled(Event, frozen=True, kw_only=True):
+    node: str
+
+
+@event_type("VirtualMachineInstancePhaseChanged")
+class VirtualMachineInstancePhaseChanged(Event, frozen=True, kw_only=True):
+    phase: Phase
+    reason: str = ""
+    message: str = ""
+
+
+@event_type("VirtualMachineInstanceDeletionRequested")
+class VirtualMachineInstanceDeletionRequested(Event, frozen=True, kw_only=True):
+    grace_period_seconds: int
+
+
+@event_type("VirtualMachineInstanceDeleted")
+class VirtualMachineInstanceDeleted(Event, frozen=True, kw_only=True):
+    pass

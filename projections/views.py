@@ -1,0 +1,189 @@
+"""Per-object state folded from events. The write side decides on these same views, and the
+read side renders them, so what a command was checked against is what `get` shows.
+
+Each view ignores events at or below the version it has seen, so feeding an event twice
+(once as a controller's own result, once from the log) changes nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from events.api.base import ObjectMeta
+from events.api.node import NodeInfo
+from events.api.vm import VirtualMachineInstanceSpec, VirtualMachineSpec
+from events.codec import Event
+from events.nodes import NodeInfoChanged, NodeNotReady, NodeReady, NodeRegistered
+from events.vm import (
+    VirtualMachineCreated,
+    VirtualMachineDeleted,
+    VirtualMachineInstanceCreated,
+    VirtualMachineInstanceDeleted,
+    VirtualMachineInstanceDeletionRequested,
+    VirtualMachineInstancePhaseChanged,
+    VirtualMachineInstanceScheduled,
+    VirtualMachineRestartRequested,
+    VirtualMachineRunStrategyChanged,
+    VirtualMachineStateChangeRequested,
+    VirtualMachineUpdated,
+)
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class View:
+    """Common bookkeeping: which aggregate, at which version, changed when."""
+
+    def __init__(self, aggregate_id: str) -> None:
+        self.id = aggregate_id
+        self.version = 0
+        self.exists = False
+        self.created_at: datetime | None = None
+        self.updated_at: datetime | None = None
+        self.last_sequence = 0
+
+    def apply(self, event: Event, sequence: int = 0) -> bool:
+        """Fold one event in; False if it was already folded."""
+        if event.originator_version <= self.version:
+            return False
+        self.version = event.originator_version
+        self.updated_at = event.timestamp
+        self.last_sequence = max(self.last_sequence, sequence)
+        self.mutate(event)
+        return True
+
+    def mutate(self, event: Event) -> None:
+        raise NotImplementedError
+
+
+class VirtualMachineView(View):
+    def __init__(self, aggregate_id: str) -> None:
+        super().__init__(aggregate_id)
+        self.uid = ""
+        self.metadata = ObjectMeta()
+        self.spec: VirtualMachineSpec | None = None
+        self.generation = 0
+        self.manual_running = False
+        self.restart_count = 0
+
+    @property
+    def run_strategy(self) -> str:
+        return self.spec.effective_run_strategy if self.spec else "Halted"
+
+    @property
+    def wants_running(self) -> bool:
+        match self.run_strategy:
+            case "Always":
+                return True
+            case "Manual":
+                return self.manual_running
+            case _:
+                return False
+
+    def mutate(self, event: Event) -> None:
+        match event:
+            case VirtualMachineCreated(uid=uid, metadata=meta, spec=spec):
+                self.exists, self.uid, self.metadata, self.spec = True, uid, meta, spec
+                self.created_at, self.generation = event.timestamp, 1
+                self.manual_running, self.restart_count = False, 0
+            case VirtualMachineUpdated(metadata=meta, spec=spec, generation=gen):
+                self.metadata, self.spec, self.generation = meta, spec, gen
+            case VirtualMachineRunStrategyChanged(run_strategy=rs, generation=gen):
+                assert self.spec is not None
+                self.spec = msgspec.structs.replace(self.spec, run_strategy=rs, running=None)
+                self.generation = gen
+            case VirtualMachineStateChangeRequested(action=action):
+                self.manual_running = action == "Start"
+            case VirtualMachineRestartRequested(restart_count=n):
+                self.restart_count = n
+            case VirtualMachineDeleted():
+                self.exists = False
+
+
+class VirtualMachineInstanceView(View):
+    def __init__(self, aggregate_id: str) -> None:
+        super().__init__(aggregate_id)
+        self.uid = ""
+        self.metadata = ObjectMeta()
+        self.spec: VirtualMachineInstanceSpec | None = None
+        self.owner = ""
+        self.restart_count = 0
+        self.phase = ""
+        self.reason = ""
+        self.node = ""
+        self.deletion_requested_at: datetime | None = None
+        self.grace_period_seconds = 0
+        self.transitions: list[tuple[str, datetime]] = []
+
+    @property
+    def active(self) -> bool:
+        """Holds (or is about to hold) resources on a node."""
+        return self.exists and self.phase not in TERMINAL_PHASES
+
+    def mutate(self, event: Event) -> None:
+        match event:
+            case VirtualMachineInstanceCreated(uid=uid, metadata=meta, spec=spec, owner=owner,
+                                               restart_count=rc):
+                self.exists, self.uid, self.metadata, self.spec = True, uid, meta, spec
+                self.owner, self.restart_count, self.node, self.reason = owner, rc, "", ""
+                self.created_at, self.deletion_requested_at = event.timestamp, None
+                self.transitions = []
+                self._phase("Pending", event.timestamp)
+            case VirtualMachineInstanceScheduled(node=node):
+                self.node = node
+                self._phase("Scheduled", event.timestamp)
+            case VirtualMachineInstancePhaseChanged(phase=phase, reason=reason):
+                self.reason = reason
+                self._phase(phase, event.timestamp)
+            case VirtualMachineInstanceDeletionRequested(grace_period_seconds=grace):
+                self.deletion_requested_at, self.grace_period_seconds = event.timestamp, grace
+            case VirtualMachineInstanceDeleted():
+                self.exists = False
+
+    def _phase(self, phase: str, at: datetime) -> None:
+        self.phase = phase
+        self.transitions.append((phase, at))
+
+
+class NodeView(View):
+    def __init__(self, aggregate_id: str) -> None:
+        super().__init__(aggregate_id)
+        self.info: NodeInfo | None = None
+        self.ready = False
+        self.reason = ""
+        self.transition_at: datetime | None = None
+
+    def mutate(self, event: Event) -> None:
+        match event:
+            case NodeRegistered(info=info):
+                self.exists, self.info, self.created_at = True, info, event.timestamp
+            case NodeInfoChanged(info=info):
+                self.info = info
+            case NodeReady():
+                self.ready, self.reason, self.transition_at = True, "", event.timestamp
+            case NodeNotReady(reason=reason):
+                self.ready, self.reason, self.transition_at = False, reason, event.timestamp
+
+
+def iso(at: datetime | None) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ") if at else ""
+
+
+def object_meta(view: View, meta: ObjectMeta, uid: str, generation: int = 0) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": meta.name,
+        "namespace": meta.namespace,
+        "uid": uid,
+        "resourceVersion": str(view.last_sequence),
+        "creationTimestamp": iso(view.created_at),
+    }
+    if generation:
+        out["generation"] = generation
+    if meta.labels:
+        out["labels"] = dict(meta.labels)
+    if meta.annotations:
+        out["annotations"] = dict(meta.annotations)
+    return out
