@@ -27,7 +27,10 @@ class Desired:
 
 
 def desired_operands(hco: HyperConverged, *, cluster: ClusterInfo | None = None) -> Desired:
-    """Derive every registered operand; a failed patch leaves that operand unpatched."""
+    """Derive every registered operand; a failed patch leaves that operand unpatched.
+
+    Raises `InvalidSpec` only for what `validate_hco` already refuses (tuningPolicy).
+    """
     cluster = cluster or ClusterInfo()
     objects: dict[str, JSON] = {}
     failures: list[jsonpatch.PatchFailure] = []

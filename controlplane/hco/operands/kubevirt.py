@@ -5,7 +5,8 @@ See README.md, "KubeVirt", for the field-by-field mapping.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Callable
+from typing import Final, TypeVar
 
 from controlplane.hco import tls
 from controlplane.hco.operands.base import (
@@ -25,8 +26,13 @@ from events.api.hco import (
     HyperConverged,
     HyperConvergedConfig,
     HyperConvergedSpec,
+    MediatedHostDevice,
+    PciHostDevice,
     PermittedHostDevices,
+    USBHostDevice,
 )
+
+_Device = TypeVar("_Device", PciHostDevice, MediatedHostDevice, USBHostDevice)
 
 # Always on: HCO sets these and the user cannot turn them off.
 MANDATORY_FEATURE_GATES: Final = (
@@ -78,37 +84,32 @@ def _component_config(config: HyperConvergedConfig, highly_available: bool) -> J
     return component or None
 
 
+def _allowed(devices: list[_Device], selector: Callable[[_Device], JSON]) -> list[JSON]:
+    """Enabled devices only: HCO keeps disabled ones in its spec instead of removing them."""
+    return [
+        selector(dev)
+        | {
+            "resourceName": dev.resource_name,
+            "externalResourceProvider": dev.external_resource_provider,
+        }
+        for dev in devices
+        if not dev.disabled
+    ]
+
+
 def _permitted_host_devices(devices: PermittedHostDevices | None) -> JSON | None:
     if devices is None:
         return None
     return {
-        "pciHostDevices": [
-            {
-                "pciVendorSelector": dev.pci_device_selector,
-                "resourceName": dev.resource_name,
-                "externalResourceProvider": dev.external_resource_provider,
-            }
-            for dev in devices.pci_host_devices
-            if not dev.disabled
-        ],
-        "mediatedDevices": [
-            {
-                "mdevNameSelector": dev.mdev_name_selector,
-                "resourceName": dev.resource_name,
-                "externalResourceProvider": dev.external_resource_provider,
-            }
-            for dev in devices.mediated_devices
-            if not dev.disabled
-        ],
-        "usbHostDevices": [
-            {
-                "resourceName": dev.resource_name,
-                "selectors": to_json(dev.selectors),
-                "externalResourceProvider": dev.external_resource_provider,
-            }
-            for dev in devices.usb_host_devices
-            if not dev.disabled
-        ],
+        "pciHostDevices": _allowed(
+            devices.pci_host_devices, lambda dev: {"pciVendorSelector": dev.pci_device_selector}
+        ),
+        "mediatedDevices": _allowed(
+            devices.mediated_devices, lambda dev: {"mdevNameSelector": dev.mdev_name_selector}
+        ),
+        "usbHostDevices": _allowed(
+            devices.usb_host_devices, lambda dev: {"selectors": to_json(dev.selectors)}
+        ),
     }
 
 
