@@ -96,10 +96,12 @@ def host_cpu(conn: libvirt.virConnect, cpu_map: CpuMap, declared_model: str) -> 
         if not is_unsupported(err):
             raise
         return _from_capabilities(ET.fromstring(conn.getCapabilities()), cpu_map, declared_model)
-    return _from_domain_capabilities(ET.fromstring(domcaps), cpu_map)
+    return from_domain_capabilities(domcaps, cpu_map)
 
 
-def _from_domain_capabilities(root: ET.Element, cpu_map: CpuMap) -> HostCpu:
+def from_domain_capabilities(xml: str, cpu_map: CpuMap) -> HostCpu:
+    """Host-model CPU and usable custom models, as virt-handler's node labeller reads them."""
+    root = ET.fromstring(xml)
     usable = tuple(
         str(m.text)
         for m in root.iterfind("cpu/mode[@name='custom']/model")

@@ -13,3 +13,12 @@ def is_unsupported(err: libvirt.libvirtError) -> bool:
 def is_no_domain(err: libvirt.libvirtError) -> bool:
     """The domain is gone, which stop paths treat as already done."""
     return bool(err.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN)
+
+
+def quiet_libvirt_errors() -> None:
+    """Stop libvirt printing every error to stderr; they arrive as exceptions and are handled."""
+    libvirt.registerErrorHandler(_ignore, None)
+
+
+def _ignore(_ctx: object, _err: object) -> None:
+    """libvirt's error handler signature; the exception carries the error."""

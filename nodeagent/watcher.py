@@ -111,7 +111,9 @@ class LifecycleWatcher:
             cause = self._causes.pop(name, None) if stopped else None
             self._changed.notify_all()
         observation = Observation(name, dom.UUIDString(), event, detail, cause)
-        self._log.debug("lifecycle event", domain=name, event=event, detail=detail, cause=cause)
+        self._log.debug(
+            "lifecycle", domain=name, lifecycle_event=event, detail=detail, cause=cause
+        )
         try:
             self._deliver(observation)
         except Exception:

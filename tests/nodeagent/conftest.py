@@ -1,0 +1,82 @@
+"""Node-agent fixtures on libvirt's real test driver.
+
+Every `libvirt.open("test:///default")` in one process shares one fake host, so each test
+names its domains uniquely and never relies on another test's leftovers.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+
+import libvirt
+import pytest
+
+from nodeagent.phases import Observation
+from nodeagent.virterror import quiet_libvirt_errors
+from nodeagent.watcher import LifecycleWatcher, start_event_loop
+
+WAIT_SECONDS = 10.0
+
+
+class Recorder:
+    """Collects observations from libvirt's thread; tests wait on it, never sleep."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self.seen: list[Observation] = []
+
+    def __call__(self, observation: Observation) -> None:
+        with self._changed:
+            self.seen.append(observation)
+            self._changed.notify_all()
+
+    def wait_for(self, name: str, event: int) -> Observation:
+        """The first observation of `event` on `name`, waiting for it to arrive."""
+
+        def found() -> list[Observation]:
+            return [o for o in self.seen if o.name == name and o.event == event]
+
+        with self._changed:
+            assert self._changed.wait_for(found, WAIT_SECONDS), f"no event {event} for {name}"
+            return found()[0]
+
+    def of(self, name: str) -> list[Observation]:
+        with self._changed:
+            return [o for o in self.seen if o.name == name]
+
+
+@pytest.fixture
+def conn() -> Iterator[libvirt.virConnect]:
+    start_event_loop()
+    quiet_libvirt_errors()
+    connection = libvirt.open("test:///default")
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def watcher(conn: libvirt.virConnect, recorder: Recorder) -> Iterator[LifecycleWatcher]:
+    with LifecycleWatcher(conn, recorder, node="node-test") as w:
+        yield w
+
+
+@pytest.fixture
+def domain_xml() -> Callable[..., str]:
+    """Test-driver domain XML with a fresh name (and uuid) per call."""
+
+    def make(name: str = "", uuid_: str = "") -> str:
+        name = name or f"vmi-{uuid.uuid4().hex[:10]}"
+        uuid_ = uuid_ or str(uuid.uuid4())
+        return (
+            f"<domain type='test'><name>{name}</name><uuid>{uuid_}</uuid>"
+            "<memory unit='MiB'>64</memory><vcpu>1</vcpu><os><type>hvm</type></os></domain>"
+        )
+
+    return make

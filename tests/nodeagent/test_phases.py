@@ -1,0 +1,88 @@
+"""Every row of the event/state -> VMI phase tables."""
+
+from __future__ import annotations
+
+import libvirt as lv
+import pytest
+
+from nodeagent.phases import GuestPhase, Observation, StopCause, phase_for
+
+RUNNING, SUCCEEDED, FAILED = GuestPhase.RUNNING, GuestPhase.SUCCEEDED, GuestPhase.FAILED
+
+
+@pytest.mark.parametrize(
+    ("event", "detail", "cause", "phase"),
+    [
+        (lv.VIR_DOMAIN_EVENT_DEFINED, 0, None, None),
+        (lv.VIR_DOMAIN_EVENT_UNDEFINED, 0, None, None),
+        (lv.VIR_DOMAIN_EVENT_STARTED, lv.VIR_DOMAIN_EVENT_STARTED_BOOTED, None, RUNNING),
+        (lv.VIR_DOMAIN_EVENT_SUSPENDED, lv.VIR_DOMAIN_EVENT_SUSPENDED_PAUSED, None, RUNNING),
+        (lv.VIR_DOMAIN_EVENT_RESUMED, lv.VIR_DOMAIN_EVENT_RESUMED_UNPAUSED, None, RUNNING),
+        (lv.VIR_DOMAIN_EVENT_PMSUSPENDED, 0, None, RUNNING),
+        (lv.VIR_DOMAIN_EVENT_SHUTDOWN, lv.VIR_DOMAIN_EVENT_SHUTDOWN_FINISHED, None, None),
+        (lv.VIR_DOMAIN_EVENT_CRASHED, lv.VIR_DOMAIN_EVENT_CRASHED_PANICKED, None, FAILED),
+        (lv.VIR_DOMAIN_EVENT_STOPPED, lv.VIR_DOMAIN_EVENT_STOPPED_SHUTDOWN, None, SUCCEEDED),
+        (
+            lv.VIR_DOMAIN_EVENT_STOPPED,
+            lv.VIR_DOMAIN_EVENT_STOPPED_SHUTDOWN,
+            StopCause.GUEST_SHUTDOWN,
+            SUCCEEDED,
+        ),
+        (
+            lv.VIR_DOMAIN_EVENT_STOPPED,
+            lv.VIR_DOMAIN_EVENT_STOPPED_SHUTDOWN,
+            StopCause.REQUESTED,
+            SUCCEEDED,
+        ),
+        (
+            lv.VIR_DOMAIN_EVENT_STOPPED,
+            lv.VIR_DOMAIN_EVENT_STOPPED_DESTROYED,
+            StopCause.REQUESTED,
+            SUCCEEDED,
+        ),
+        (lv.VIR_DOMAIN_EVENT_STOPPED, lv.VIR_DOMAIN_EVENT_STOPPED_DESTROYED, None, FAILED),
+        (
+            lv.VIR_DOMAIN_EVENT_STOPPED,
+            lv.VIR_DOMAIN_EVENT_STOPPED_DESTROYED,
+            StopCause.GUEST_CRASH,
+            FAILED,
+        ),
+        (
+            lv.VIR_DOMAIN_EVENT_STOPPED,
+            lv.VIR_DOMAIN_EVENT_STOPPED_DESTROYED,
+            StopCause.RESTART,
+            None,
+        ),
+        (lv.VIR_DOMAIN_EVENT_STOPPED, lv.VIR_DOMAIN_EVENT_STOPPED_CRASHED, None, FAILED),
+        (lv.VIR_DOMAIN_EVENT_STOPPED, lv.VIR_DOMAIN_EVENT_STOPPED_FAILED, None, FAILED),
+        (lv.VIR_DOMAIN_EVENT_STOPPED, lv.VIR_DOMAIN_EVENT_STOPPED_SAVED, None, SUCCEEDED),
+        (lv.VIR_DOMAIN_EVENT_STOPPED, lv.VIR_DOMAIN_EVENT_STOPPED_FROM_SNAPSHOT, None, SUCCEEDED),
+        (lv.VIR_DOMAIN_EVENT_STOPPED, lv.VIR_DOMAIN_EVENT_STOPPED_MIGRATED, None, None),
+    ],
+)
+def test_event_phase(
+    event: int, detail: int, cause: StopCause | None, phase: GuestPhase | None
+) -> None:
+    assert Observation("vmi", "uuid", event, detail, cause).phase == phase
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "phase"),
+    [
+        (lv.VIR_DOMAIN_RUNNING, lv.VIR_DOMAIN_RUNNING_BOOTED, RUNNING),
+        (lv.VIR_DOMAIN_PAUSED, lv.VIR_DOMAIN_PAUSED_USER, RUNNING),
+        (lv.VIR_DOMAIN_BLOCKED, 0, RUNNING),
+        (lv.VIR_DOMAIN_PMSUSPENDED, 0, RUNNING),
+        (lv.VIR_DOMAIN_CRASHED, lv.VIR_DOMAIN_CRASHED_PANICKED, FAILED),
+        (lv.VIR_DOMAIN_SHUTDOWN, 0, None),
+        (lv.VIR_DOMAIN_SHUTOFF, lv.VIR_DOMAIN_SHUTOFF_SHUTDOWN, SUCCEEDED),
+        (lv.VIR_DOMAIN_SHUTOFF, lv.VIR_DOMAIN_SHUTOFF_DESTROYED, FAILED),
+        (lv.VIR_DOMAIN_SHUTOFF, lv.VIR_DOMAIN_SHUTOFF_CRASHED, FAILED),
+        (lv.VIR_DOMAIN_SHUTOFF, lv.VIR_DOMAIN_SHUTOFF_UNKNOWN, None),
+        (lv.VIR_DOMAIN_NOSTATE, 0, None),
+    ],
+)
+def test_state_phase_after_an_agent_restart(
+    state: int, reason: int, phase: GuestPhase | None
+) -> None:
+    assert phase_for(state, reason) == phase
