@@ -1,0 +1,26 @@
+"""The benchmarks run end to end and end with their JSON figures; their speed is not tested."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADLINE = ("events", "seconds", "per_s", "raw_per_s", "ratio")
+
+
+@pytest.mark.parametrize("module", ["bench.append", "bench.replay"])
+def test_bench_prints_figures(module: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--events", "200"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    for key in HEADLINE:
+        assert isinstance(figures[key], int | float) and figures[key] > 0, (key, figures)
+    assert figures["events"] == 200
