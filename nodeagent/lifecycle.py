@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import libvirt
 import structlog
 
-from events.errors import Conflict, NotFound, VirtbusError
+from events.errors import Conflict, InvalidSpec, NotFound, VirtbusError
 from nodeagent.phases import StopCause
 from nodeagent.virterror import is_no_domain, is_unsupported
 
@@ -50,6 +50,8 @@ def define_and_start(conn: libvirt.virConnect, xml: str) -> libvirt.virDomain:
     """
     root = ET.fromstring(xml)
     name = root.findtext("name", "")
+    if not name:
+        raise InvalidSpec("domain.name", "the domain XML must name the domain")
     uuid = root.findtext("uuid", "").lower()
     existing = _lookup(conn, name)
     if existing is not None and uuid and existing.UUIDString() != uuid:

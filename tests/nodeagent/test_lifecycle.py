@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import libvirt
 import pytest
 
-from events.errors import Conflict, NotFound
+from events.errors import Conflict, InvalidSpec, NotFound
 from nodeagent.lifecycle import (
     SimulationRefused,
     StopOutcome,
@@ -81,6 +81,11 @@ def test_define_and_start_starts_a_defined_inactive_domain(
     dom = define_and_start(conn, xml)
     assert dom.isActive()
     graceful_stop(conn, dom.name(), 0, watcher)
+
+
+def test_define_and_start_refuses_a_nameless_domain(conn: libvirt.virConnect) -> None:
+    with pytest.raises(InvalidSpec, match=r"domain\.name"):
+        define_and_start(conn, "<domain type='test'><memory>1024</memory></domain>")
 
 
 def test_define_and_start_refuses_same_name_other_uuid(
