@@ -69,14 +69,19 @@ def watcher(conn: libvirt.virConnect, recorder: Recorder) -> Iterator[LifecycleW
 
 @pytest.fixture
 def domain_xml() -> Callable[..., str]:
-    """Test-driver domain XML with a fresh name (and uuid) per call."""
+    """Test-driver domain XML with a fresh name (and uuid) per call.
 
-    def make(name: str = "", uuid_: str = "") -> str:
+    `on_poweroff="restart"` makes the test driver's guest ignore an ACPI shutdown (it emits
+    no event and keeps running), which is how a test reaches the end of a grace period.
+    """
+
+    def make(name: str = "", uuid_: str = "", on_poweroff: str = "destroy") -> str:
         name = name or f"vmi-{uuid.uuid4().hex[:10]}"
         uuid_ = uuid_ or str(uuid.uuid4())
         return (
             f"<domain type='test'><name>{name}</name><uuid>{uuid_}</uuid>"
-            "<memory unit='MiB'>64</memory><vcpu>1</vcpu><os><type>hvm</type></os></domain>"
+            "<memory unit='MiB'>64</memory><vcpu>1</vcpu><os><type>hvm</type></os>"
+            f"<on_poweroff>{on_poweroff}</on_poweroff></domain>"
         )
 
     return make

@@ -121,6 +121,20 @@ def test_graceful_stop_succeeds_and_undefines(
     assert graceful_stop(conn, name, grace, watcher) is StopOutcome.ALREADY_GONE
 
 
+def test_graceful_stop_destroys_a_guest_that_ignores_acpi_after_the_grace_period(
+    conn: libvirt.virConnect,
+    watcher: LifecycleWatcher,
+    recorder: Recorder,
+    domain_xml: Callable[..., str],
+) -> None:
+    name = define_and_start(conn, domain_xml(on_poweroff="restart")).name()
+    assert graceful_stop(conn, name, 1, watcher) is StopOutcome.DESTROYED
+    stopped = recorder.wait_for(name, STOPPED)
+    assert stopped.detail == libvirt.VIR_DOMAIN_EVENT_STOPPED_DESTROYED
+    assert stopped.phase is GuestPhase.SUCCEEDED
+    assert _gone(conn, name)
+
+
 def test_graceful_stop_of_a_stopped_domain_undefines_it(
     conn: libvirt.virConnect, watcher: LifecycleWatcher, domain_xml: Callable[..., str]
 ) -> None:
