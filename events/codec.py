@@ -8,6 +8,7 @@ rewritten.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
@@ -75,6 +76,8 @@ def event_type(name: str) -> Callable[[E], E]:
 
 
 def event_class(name: str) -> type[Event]:
+    if name not in _REGISTRY:
+        importlib.import_module("events.catalog")
     try:
         return _REGISTRY[name]
     except KeyError:

@@ -45,6 +45,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from events.bridge import NatsBridge
 from events.codec import event_id
+from events.directget import PAGE, direct_batch, last_on
 from events.streams import ensure_stream, events_stream_config
 from events.subjects import (
     DEFAULT_PREFIX,
@@ -57,7 +58,6 @@ from events.subjects import (
 DEFAULT_NATS_URL: Final = "nats://127.0.0.1:4222"
 MAX_BATCH: Final = 1000
 """JetStream's limit on messages in one atomic batch."""
-PAGE: Final = 1000
 MAX_APPEND_ATTEMPTS: Final = 5
 
 TOPIC_HEADER: Final = "Vb-Topic"
@@ -81,7 +81,6 @@ class _PubAck(msgspec.Struct):
 
 
 _decode_ack = msgspec.json.Decoder(_PubAck).decode
-_encode_json = msgspec.json.Encoder().encode
 
 
 class _StreamSpace(msgspec.Struct, frozen=True):
@@ -128,40 +127,10 @@ class JetStreamDatastore:
     # -- reads -------------------------------------------------------------------------
 
     async def direct_batch(self, stream: str, start: int, limit: int, subject: str) -> list[Msg]:
-        """Up to `limit` messages on `subject` (wildcards allowed) from sequence `start`."""
-        nc = self.bridge.nc
-        inbox = nc.new_inbox()
-        sub = await nc.subscribe(inbox)
-        try:
-            request = {"seq": max(start, 1), "batch": limit, "next_by_subj": subject}
-            await nc.publish(f"$JS.API.DIRECT.GET.{stream}", _encode_json(request), reply=inbox)
-            out: list[Msg] = []
-            while True:
-                msg = await sub.next_msg(timeout=10)
-                headers = msg.headers or {}
-                if "Status" in headers:
-                    if headers["Status"] not in ("204", "404"):
-                        raise PersistenceError(f"direct get failed: {headers}")
-                    return out
-                out.append(msg)
-                if len(out) == limit:
-                    # The server still sends its end-of-batch marker; drain it.
-                    with contextlib.suppress(TimeoutError):
-                        await sub.next_msg(timeout=10)
-                    return out
-        finally:
-            await sub.unsubscribe()
+        return await direct_batch(self.bridge.nc, stream, start, limit, subject)
 
     async def last_on(self, stream: str, subject: str) -> Msg | None:
-        msg = await self.bridge.nc.request(
-            f"$JS.API.DIRECT.GET.{stream}", _encode_json({"last_by_subj": subject}), timeout=10
-        )
-        headers = msg.headers or {}
-        if "Status" in headers:
-            if headers["Status"] == "404":
-                return None
-            raise PersistenceError(f"direct get failed: {headers}")
-        return msg
+        return await last_on(self.bridge.nc, stream, subject)
 
     def remember(self, subject: str, version: int, seq: int) -> None:
         last = self._last.get(subject)

@@ -94,3 +94,19 @@ class NodeReport(msgspec.Struct, frozen=True, kw_only=True):
     kind: ReportKind
     info: dict[str, Any] | None = None
     domain: DomainObservation | None = None
+
+
+SimAction = Literal["guest-shutdown", "guest-crash", "agent-stop", "agent-start"]
+
+
+class SimRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Something that happens to a simulated (test-driver) host, asked of its agent."""
+
+    action: SimAction
+    namespace: str = ""
+    name: str = ""
+
+
+class SimReply(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool
+    error: str = ""

@@ -3,6 +3,7 @@ them out. Every timing here is a named default."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Final
 
 from nats.js.api import (
@@ -13,14 +14,16 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.client import JetStreamContext
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from events.subjects import Layout
 
 EVENT_DEDUPE_WINDOW: Final = 10 * 60.0
 COMMAND_RETENTION: Final = 7 * 24 * 3600.0
 NODE_DEDUPE_WINDOW: Final = 60 * 60.0
-HEARTBEAT_TTL: Final = 10.0
+HEARTBEAT_TTL: Final = 60.0
+"""Heartbeat entries outlive any grace period; staleness is judged by the control plane."""
+HEARTBEAT_INTERVAL: Final = 2.0
 LEASE_TTL: Final = 10.0
 
 
@@ -88,3 +91,17 @@ async def ensure_all(js: JetStreamContext, layout: Layout, replicas: int = 1) ->
     ]
     for bucket in buckets:
         await js.create_key_value(bucket)
+
+
+async def wait_for_streams(js: JetStreamContext, layout: Layout, timeout: float = 30.0) -> None:
+    """Readers and agents do not create the installation; they wait for the control plane to."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            await js.stream_info(layout.events_stream)
+            await js.stream_info(layout.reports_stream)
+            return
+        except NotFoundError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.1)  # polling for another process's set-up

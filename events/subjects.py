@@ -156,6 +156,10 @@ class Layout(msgspec.Struct, frozen=True):
     def reports_filter(self) -> str:
         return f"{self.prefix}.report.>"
 
+    def agent_subject(self, node: str, verb: str) -> str:
+        """Requests answered by one node's agent directly (simulation), not work items."""
+        return f"{self.prefix}.agent.{encode_token(node)}.{verb}"
+
     @property
     def query_root(self) -> str:
         return f"{self.prefix}.query"

@@ -93,3 +93,10 @@ class VirtualMachineInstanceDeletionRequested(Event, frozen=True, kw_only=True):
 @event_type("VirtualMachineInstanceDeleted")
 class VirtualMachineInstanceDeleted(Event, frozen=True, kw_only=True):
     pass
+
+
+@event_type("VirtualMachineInstanceNodeAction")
+class VirtualMachineInstanceNodeAction(Event, frozen=True, kw_only=True):
+    """A request for the node running the VMI: pause, unpause or restart the guest."""
+
+    action: Literal["pause", "unpause", "restart"]

@@ -1,10 +1,14 @@
-"""`<name>` and `<uuid>`: how libvirt and the guest tell this domain apart."""
+"""`<name>`, `<uuid>` and `<metadata>`: how libvirt, the guest and the agent tell this
+domain apart."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from nodeagent.converter.xmltree import sub
+
+VMI_METADATA_NS = "urn:virtbus:vmi:1"
+VMI_METADATA_TAG = f"{{{VMI_METADATA_NS}}}vmi"
 
 if TYPE_CHECKING:
     from events.api.validation import VMISpecLike
@@ -23,3 +27,8 @@ def configure_identity(spec: VMISpecLike, ctx: ConverterContext, domain: Element
     uuid = firmware.uuid if firmware is not None and firmware.uuid else ctx.uid
     if uuid:
         sub(domain, "uuid", uuid)
+    if ctx.uid:
+        # The agent finds the VMI of a domain here after a restart, even when the domain
+        # uuid is the guest's firmware.uuid rather than the VMI's uid.
+        metadata = sub(domain, "metadata")
+        sub(metadata, VMI_METADATA_TAG, uid=ctx.uid, namespace=ctx.namespace, name=ctx.name)

@@ -1,0 +1,30 @@
+"""`python -m controlplane run`: the control-plane process (`virtbus up` starts it)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS
+from controlplane.service import run
+from events.logs import configure
+from events.subjects import Layout
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m controlplane")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="run the control plane")
+    p.add_argument("--nats-url", required=True)
+    p.add_argument("--prefix", default="virtbus")
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--node-grace", type=float, default=NODE_MONITOR_GRACE_SECONDS)
+    args = parser.parse_args(argv)
+    configure()
+    run(args.nats_url, Layout(args.prefix), replicas=args.replicas,
+        node_grace_seconds=args.node_grace)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

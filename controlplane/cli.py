@@ -1,0 +1,348 @@
+"""`virtbus`: kubectl/virtctl-shaped commands over the Python client.
+
+Every command that changes something prints its outcome; a refusal exits 1 with the field
+and the rule. Reads render KubeVirt's JSON shape (`-o yaml|json`) or a kubectl-like table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+from nats.errors import NoRespondersError, NoServersError
+
+from controlplane.client import Client, CommandRejected
+from controlplane.context import resolve
+from controlplane.up import UpOptions, up
+from events.api.manifest import parse_documents
+from events.errors import InvalidSpec, NotFound
+from events.logs import configure
+from events.messages import SimReply, SimRequest
+from projections.query import resolve_kind
+
+Handler = Callable[[argparse.Namespace, Client], Coroutine[Any, Any, int]]
+
+
+def _when(text: str) -> int | datetime:
+    """A sequence number, or an ISO-8601 time (UTC when no zone is given)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a sequence nor an ISO time") from None
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def _age(created: str) -> str:
+    if not created:
+        return "<unknown>"
+    seconds = int((datetime.now(UTC) - datetime.fromisoformat(created)).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _row(kind: str, obj: dict[str, Any]) -> list[str]:
+    meta, status = obj["metadata"], obj.get("status", {})
+    age = _age(meta.get("creationTimestamp", ""))
+    match kind:
+        case "VirtualMachine":
+            return [meta["name"], age, status.get("printableStatus", ""),
+                    str(status.get("ready", False))]
+        case "VirtualMachineInstance":
+            ready = status.get("phase") == "Running"
+            return [meta["name"], age, status.get("phase", ""), status.get("nodeName", ""),
+                    str(ready)]
+        case _:
+            ready = status.get("conditions", [{}])[0].get("status") == "True"
+            return [meta["name"], "Ready" if ready else "NotReady", age]
+
+
+HEADERS = {
+    "VirtualMachine": ["NAME", "AGE", "STATUS", "READY"],
+    "VirtualMachineInstance": ["NAME", "AGE", "PHASE", "NODENAME", "READY"],
+    "Node": ["NAME", "STATUS", "AGE"],
+}
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def dump(items: list[dict[str, Any]] | dict[str, Any], output: str) -> str:
+    if output == "json":
+        return json.dumps(items, indent=2)
+    return yaml.safe_dump(items, sort_keys=False).rstrip()
+
+
+# -- commands ----------------------------------------------------------------------------
+
+
+async def cmd_apply(args: argparse.Namespace, vb: Client) -> int:
+    docs: list[dict[str, Any]] = []
+    for source in args.filename:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+        docs += parse_documents(text, source)
+    for doc in docs:
+        doc.setdefault("metadata", {}).setdefault("namespace", args.namespace)
+    before = {}
+    for doc in docs:
+        kind, meta = doc.get("kind", ""), doc.get("metadata", {})
+        try:
+            await vb.get(kind, meta.get("namespace", ""), meta.get("name", ""))
+            before[id(doc)] = True
+        except (NotFound, RuntimeError):
+            before[id(doc)] = False
+    outcomes = await vb.apply(*docs)
+    for doc, outcome in zip(docs, outcomes, strict=True):
+        verb = ("configured" if outcome.sequences else "unchanged") if before[id(doc)] \
+            else "created"
+        print(f"{str(doc['kind']).lower()}.kubevirt.io/{doc['metadata']['name']} {verb}")
+    return 0
+
+
+async def cmd_get(args: argparse.Namespace, vb: Client) -> int:
+    kind = resolve_kind(args.kind)
+    namespace = "" if args.all_namespaces or kind == "Node" else args.namespace
+    if args.at is not None:
+        items = await vb.query_at(args.at, kind, namespace, args.name or "")
+    else:
+        items = await vb.query(kind, namespace, args.name or "")
+    if args.name and not items:
+        where = f" at {args.at}" if args.at is not None else ""
+        raise NotFound(f'{kind.lower()} "{args.name}" not found{where}')
+    if args.output:
+        print(dump(items[0] if args.name else {"apiVersion": "v1", "kind": "List",
+                                                "items": items}, args.output))
+    elif not items:
+        print(f"No resources found in {namespace or 'any'} namespace.")
+    else:
+        rows = [HEADERS[kind]] + [_row(kind, o) for o in items]
+        print(table(rows))
+    return 0
+
+
+def _act(verb: str, message: str) -> Handler:
+    async def handler(args: argparse.Namespace, vb: Client) -> int:
+        outcome = await vb.act("VirtualMachine", verb, args.namespace, args.name)
+        print(message.format(name=args.name, seq=",".join(map(str, outcome.sequences))))
+        return 0
+
+    return handler
+
+
+async def cmd_delete(args: argparse.Namespace, vb: Client) -> int:
+    kind = resolve_kind(args.kind)
+    extra = {} if args.grace_period is None else {"grace_period_seconds": args.grace_period}
+    await vb.act(kind, "delete", args.namespace, args.name, **extra)
+    print(f'{kind.lower()}.kubevirt.io "{args.name}" deleted')
+    return 0
+
+
+async def cmd_watch(args: argparse.Namespace, vb: Client) -> int:
+    kind = resolve_kind(args.kind)
+    namespace = "" if kind == "Node" else args.namespace
+    async for change in vb.watch(kind, namespace, args.name or "", since=args.since):
+        obj = change.object or {}
+        if args.output == "json":
+            line = {"sequence": change.sequence, "event": change.event.TYPE,
+                    "time": change.event.timestamp.isoformat(), "actor": change.event.actor,
+                    "object": obj}
+            print(json.dumps(line), flush=True)
+            continue
+        status = obj.get("status", {})
+        state = status.get("printableStatus") or status.get("phase") or (
+            "deleted" if not obj else "")
+        name = change.event.originator_id.split(".", 2)[2]
+        print(f"{change.sequence:>8}  {change.event.timestamp:%H:%M:%S}  {name:<20} "
+              f"{change.event.TYPE:<40} {state}", flush=True)
+    return 0
+
+
+async def cmd_history(args: argparse.Namespace, vb: Client) -> int:
+    kind = resolve_kind(args.kind)
+    entries = await vb.history(kind, args.namespace, args.name)
+    if args.output == "json":
+        print(json.dumps(msgspec.to_builtins(entries), indent=2))
+        return 0
+    rows = [["SEQ", "TIME", "ACTOR", "EVENT", "COMMAND", "CHANGED"]]
+    for e in entries:
+        changed = ", ".join(sorted({c["path"] for c in e.changes}))
+        rows.append([str(e.sequence), e.time[:19], e.actor, e.type, e.command_id[:8],
+                     changed[:80]])
+    print(table(rows))
+    return 0
+
+
+async def cmd_sim(args: argparse.Namespace, vb: Client) -> int:
+    if args.action in ("agent-stop", "agent-start"):
+        node, request = args.target, SimRequest(action=args.action)
+    else:
+        vmi = await vb.get("VirtualMachineInstance", args.namespace, args.target)
+        node = vmi.get("status", {}).get("nodeName", "")
+        if not node:
+            raise InvalidSpec("target", f"VMI {args.target} is not running on any node")
+        request = SimRequest(action=args.action, namespace=args.namespace, name=args.target)
+    reply = await vb.nc.request(vb.layout.agent_subject(node, "sim"),
+                                msgspec.msgpack.encode(request), timeout=30)
+    answer = msgspec.msgpack.decode(reply.data, type=SimReply)
+    if not answer.ok:
+        print(f"error: {answer.error}", file=sys.stderr)
+        return 1
+    print(f"{args.action}: done on {node}")
+    return 0
+
+
+# -- parser -------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="virtbus", description=__doc__.splitlines()[0])
+    p.add_argument("--nats-url", help="NATS server(s); default: $VIRTBUS_NATS_URL or context")
+    p.add_argument("--prefix", help="installation prefix; default: virtbus")
+    p.add_argument("--as", dest="actor", default="", help="actor recorded on the events")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    u = sub.add_parser("up", help="run everything on this machine")
+    u.add_argument("--data-dir", type=Path, default=Path(".virtbus"))
+    u.add_argument("--nodes", type=int, default=2)
+    u.add_argument("--nats-port", type=int, default=0)
+    u.add_argument("--libvirt-uri", default="test:///default")
+    u.add_argument("--replicas", type=int, default=1)
+    u.add_argument("--node-grace", type=float, default=None)
+
+    _writers(sub)
+    _readers(sub)
+    _watchers(sub)
+
+    x = sub.add_parser("domxml", help="print the libvirt domain XML of a VM/VMI manifest")
+    x.add_argument("-f", "--filename", action="append", required=True)
+    x.add_argument("--domain-type", default="kvm", choices=["kvm", "qemu", "test"])
+
+    s = sub.add_parser("sim", help="make things happen to a simulated (test-driver) host")
+    s.add_argument("action", choices=["guest-shutdown", "guest-crash", "agent-stop",
+                                      "agent-start"])
+    s.add_argument("target", help="the VMI (guest-*) or the node (agent-*)")
+    _namespace(s)
+    s.set_defaults(run=cmd_sim)
+    return p
+
+
+Subparsers = Any
+
+
+def _namespace(q: argparse.ArgumentParser) -> None:
+    q.add_argument("-n", "--namespace", default="default")
+
+
+def _writers(sub: Subparsers) -> None:
+    ns = _namespace
+    a = sub.add_parser("apply", help="create or update objects from YAML")
+    a.add_argument("-f", "--filename", action="append", required=True)
+    ns(a)
+    a.set_defaults(run=cmd_apply)
+
+    d = sub.add_parser("delete", help="delete an object")
+    d.add_argument("kind")
+    d.add_argument("name")
+    d.add_argument("--grace-period", type=int)
+    ns(d)
+    d.set_defaults(run=cmd_delete)
+
+
+def _readers(sub: Subparsers) -> None:
+    ns = _namespace
+    g = sub.add_parser("get", help="show objects")
+    g.add_argument("kind")
+    g.add_argument("name", nargs="?")
+    g.add_argument("-o", "--output", choices=["yaml", "json"])
+    g.add_argument("-A", "--all-namespaces", action="store_true")
+    g.add_argument("--at", type=_when, help="as of a sequence or a time (point-in-time)")
+    ns(g)
+    g.set_defaults(run=cmd_get)
+
+    for verb, message in (("start", "VM {name} was scheduled to start"),
+                          ("stop", "VM {name} was scheduled to stop"),
+                          ("restart", "VM {name} was scheduled to restart")):
+        s = sub.add_parser(verb, help=f"{verb} a VirtualMachine")
+        s.add_argument("name")
+        ns(s)
+        s.set_defaults(run=_act(verb, message))
+
+
+def _watchers(sub: Subparsers) -> None:
+    ns = _namespace
+    w = sub.add_parser("watch", help="a status stream: from now, or replayed from --since")
+    w.add_argument("kind")
+    w.add_argument("name", nargs="?")
+    w.add_argument("--since", type=_when)
+    w.add_argument("-o", "--output", choices=["json"])
+    ns(w)
+    w.set_defaults(run=cmd_watch)
+
+    h = sub.add_parser("history", help="the audit trail of one object")
+    h.add_argument("kind")
+    h.add_argument("name")
+    h.add_argument("-o", "--output", choices=["json"])
+    ns(h)
+    h.set_defaults(run=cmd_history)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    configure(level="warning" if args.command not in ("up",) else None)
+    if args.command == "up":
+        opts = UpOptions(data_dir=args.data_dir.resolve(), nodes=args.nodes,
+                         nats_port=args.nats_port, nats_url=args.nats_url or "",
+                         prefix=args.prefix or "virtbus", libvirt_uri=args.libvirt_uri,
+                         replicas=args.replicas,
+                         **({"node_grace_seconds": args.node_grace} if args.node_grace else {}))
+        return up(opts)
+    if args.command == "domxml":
+        files = [a for f in args.filename for a in ("-f", f)]
+        return subprocess.call([sys.executable, "-m", "nodeagent", "domxml", *files,
+                                "--domain-type", args.domain_type])
+    ctx = resolve(args.nats_url, args.prefix)
+
+    async def go() -> int:
+        vb = await Client.connect(ctx.nats_url, ctx.prefix, args.actor)
+        try:
+            code: int = await args.run(args, vb)
+            return code
+        finally:
+            await vb.close()
+
+    try:
+        return asyncio.run(go())
+    except InvalidSpec as e:
+        print(f"error: {e.field}: {e.rule}", file=sys.stderr)
+    except CommandRejected as e:
+        print(f"error: {e}", file=sys.stderr)
+    except NotFound as e:
+        print(f"error: {e}", file=sys.stderr)
+    except NoRespondersError:
+        print("error: the read service is not answering; is `virtbus up` running?",
+              file=sys.stderr)
+    except (OSError, TimeoutError, NoServersError) as e:
+        print(f"error: cannot reach virtbus at {ctx.nats_url}: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""The Python client: publish commands and await their outcome, read state (now or at any
+point in the past), watch status streams, and read an object's audit history.
+
+    async with await Client.connect("nats://127.0.0.1:4222") as vb:
+        [outcome] = await vb.apply(manifest)
+        vm = await vb.get("VirtualMachine", "default", "web", after=outcome.sequences[-1])
+        async for change in vb.watch("VirtualMachine", "web", since=1):
+            print(change.sequence, change.event.TYPE, change.object["status"])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any, Self
+
+import jsonpatch
+import msgspec
+import nats
+from nats.aio.client import Client as Nats
+
+from controlplane.defaults import COMMAND_AWAIT_TIMEOUT_SECONDS
+from events.api.manifest import decode_object
+from events.codec import Event
+from events.directget import read_all, sequence
+from events.errors import InvalidSpec, NotFound
+from events.messages import Command, Outcome
+from events.subjects import Layout, aggregate_id, encode_token
+from projections.cluster import ClusterState, render_node, render_vm, render_vmi
+from projections.follower import decode_msg, follow, start_sequence_at
+from projections.query import Answer, Query
+from projections.service import render
+from projections.views import NodeView, View, VirtualMachineInstanceView, VirtualMachineView
+
+KIND_TOKENS = {"VirtualMachine": "vm", "VirtualMachineInstance": "vmi", "Node": "node"}
+
+
+class CommandRejected(Exception):
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        where = f"{outcome.field}: " if outcome.field else ""
+        super().__init__(f"{where}{outcome.reason}")
+
+
+class Change(msgspec.Struct, frozen=True):
+    """One step of a status stream: the event and the object as it stood after it."""
+
+    sequence: int
+    event: Event
+    object: dict[str, Any] | None
+
+
+class HistoryEntry(msgspec.Struct, frozen=True):
+    sequence: int
+    time: str
+    actor: str
+    type: str
+    command_id: str
+    correlation_id: str
+    changes: list[dict[str, Any]]
+
+
+async def _quiet(_error: Exception) -> None:
+    """Connection errors surface as exceptions from `connect`; don't also print them."""
+
+
+def default_actor() -> str:
+    return f"user:{getpass.getuser()}"
+
+
+class Client:
+    def __init__(self, nc: Nats, layout: Layout, actor: str) -> None:
+        self.nc = nc
+        self.layout = layout
+        self.actor = actor
+        self.js = nc.jetstream()
+
+    @classmethod
+    async def connect(cls, url: str, prefix: str = "virtbus", actor: str = "") -> Self:
+        nc = await nats.connect(url, name="virtbus-client", connect_timeout=5,
+                                max_reconnect_attempts=3, allow_reconnect=False,
+                                error_cb=_quiet)
+        return cls(nc, Layout(prefix), actor or default_actor())
+
+    async def close(self) -> None:
+        await self.nc.drain()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- commands ----------------------------------------------------------------------
+
+    def command(self, kind: str, verb: str, namespace: str = "", name: str = "",
+                **fields: Any) -> Command:
+        return Command(id=str(uuid.uuid4()), actor=self.actor, kind=kind, verb=verb,
+                       namespace=namespace, name=name, **fields)
+
+    async def submit(self, command: Command) -> None:
+        """Publish durably; the command stream's dedupe makes a retried publish harmless."""
+        subject = self.layout.command_subject(command.actor, KIND_TOKENS.get(
+            command.kind, command.kind.lower()), command.verb)
+        await self.js.publish(subject, msgspec.msgpack.encode(command),
+                              headers={"Nats-Msg-Id": command.id})
+
+    async def outcome(self, command_id: str,
+                      timeout: float = COMMAND_AWAIT_TIMEOUT_SECONDS) -> Outcome:
+        kv = await self.js.key_value(self.layout.outcomes_bucket)
+        watcher = await kv.watch(encode_token(command_id))
+        try:
+            deadline = timeout
+            while True:
+                entry = await watcher.updates(timeout=deadline)
+                if entry is not None and entry.value:
+                    return msgspec.msgpack.decode(entry.value, type=Outcome)
+        finally:
+            await watcher.stop()
+
+    async def run(self, command: Command, *, check: bool = True) -> Outcome:
+        """Submit and await the one outcome; raise CommandRejected if `check` and refused."""
+        await self.submit(command)
+        outcome = await self.outcome(command.id)
+        if check and not outcome.accepted:
+            raise CommandRejected(outcome)
+        return outcome
+
+    async def apply(self, *manifests: dict[str, Any], check: bool = True) -> list[Outcome]:
+        """Validate every manifest locally first, so a bad document submits nothing."""
+        for i, doc in enumerate(manifests):
+            try:
+                decode_object(doc)
+            except InvalidSpec as e:
+                raise InvalidSpec(f"document {i}: {e.field}" if len(manifests) > 1 else e.field,
+                                  e.rule) from None
+        return [await self.run(self.command(str(doc["kind"]), "apply", manifest=doc),
+                               check=check) for doc in manifests]
+
+    async def act(self, kind: str, verb: str, namespace: str, name: str,
+                  **fields: Any) -> Outcome:
+        return await self.run(self.command(kind, verb, namespace, name, **fields))
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def query(self, kind: str, namespace: str = "", name: str = "",
+                    after: int = 0) -> list[dict[str, Any]]:
+        query = Query(kind=kind, namespace=namespace, name=name, after=after)
+        reply = await self.nc.request(f"{self.layout.query_root}.get",
+                                      msgspec.msgpack.encode(query), timeout=15)
+        answer = msgspec.msgpack.decode(reply.data, type=Answer)
+        if answer.error:
+            raise RuntimeError(f"read service: {answer.error}")
+        return answer.items
+
+    async def get(self, kind: str, namespace: str, name: str, after: int = 0) -> dict[str, Any]:
+        items = await self.query(kind, namespace, name, after)
+        if not items:
+            where = f"{namespace}/{name}" if namespace else name
+            raise NotFound(f'{kind.lower()} "{where}" not found')
+        return items[0]
+
+    async def state_at(self, at: int | datetime) -> ClusterState:
+        """The whole cluster as it stood at a sequence or an instant, rebuilt from the log."""
+        stop = at if isinstance(at, int) else await start_sequence_at(self.nc, self.layout,
+                                                                      at) - 1
+        state = ClusterState()
+        for msg in await read_all(self.nc, self.layout.events_stream,
+                                  self.layout.events_filter(), stop=stop):
+            state.apply(decode_msg(msg), sequence(msg))
+        return state
+
+    async def query_at(self, at: int | datetime, kind: str, namespace: str = "",
+                       name: str = "") -> list[dict[str, Any]]:
+        state = await self.state_at(at)
+        return render(state, Query(kind=kind, namespace=namespace, name=name))
+
+    async def watch(self, kind: str, namespace: str = "", name: str = "",
+                    since: int | datetime | None = None) -> AsyncIterator[Change]:
+        """Changes to matching objects: replayed from `since` (a sequence or a time), or
+        from now when `since` is None, then live."""
+        first = await self._first(since)
+        state = ClusterState()
+        token = KIND_TOKENS[kind]
+        queue: asyncio.Queue[Change] = asyncio.Queue()
+
+        async def on_event(seq: int, event: Event) -> None:
+            view = state.apply(event, seq)
+            if seq < first or view is None or not event.originator_id.startswith(token + "."):
+                return
+            meta = getattr(view, "metadata", None)
+            obj_name = meta.name if meta is not None else event.originator_id.split(".", 2)[2]
+            obj_ns = meta.namespace if meta is not None else ""
+            if (name and obj_name != name) or (namespace and obj_ns != namespace):
+                return
+            await queue.put(Change(seq, event, self._render(state, view)))
+
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(follow(self.nc, self.layout, on_event, stop=stop))
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield getter.result()
+                else:
+                    getter.cancel()
+                    task.result()
+                    return
+        finally:
+            stop.set()
+            await task
+
+    async def _first(self, since: int | datetime | None) -> int:
+        if since is None:
+            last = await self.nc.jetstream().stream_info(self.layout.events_stream)
+            return int(last.state.last_seq) + 1
+        if isinstance(since, int):
+            return since
+        return await start_sequence_at(self.nc, self.layout, since)
+
+    @staticmethod
+    def _render(state: ClusterState, view: View) -> dict[str, Any] | None:
+        if not view.exists:
+            return None
+        match view:
+            case VirtualMachineView():
+                meta = view.metadata
+                return render_vm(view, state.vmi(meta.namespace, meta.name))
+            case VirtualMachineInstanceView():
+                return render_vmi(view)
+            case NodeView():
+                name = view.id.split(".", 2)[2]
+                return render_node(view, state.node_usage(name))
+        return None
+
+    async def history(self, kind: str, namespace: str, name: str) -> list[HistoryEntry]:
+        """Every event of one object, with who caused it and what changed (a JSON Patch of
+        the object before and after)."""
+        token = KIND_TOKENS[kind]
+        agg = aggregate_id(token, namespace if kind != "Node" else "", name)
+        msgs = await read_all(self.nc, self.layout.events_stream,
+                              self.layout.aggregate_subject(agg))
+        if not msgs:
+            raise NotFound(f'{kind.lower()} "{namespace}/{name}" has no history')
+        state = ClusterState()
+        before: dict[str, Any] = {}
+        out: list[HistoryEntry] = []
+        for msg in msgs:
+            event = decode_msg(msg)
+            view = state.apply(event, sequence(msg))
+            assert view is not None
+            after = self._render(state, view) or {}
+            after.get("metadata", {}).pop("resourceVersion", None)
+            patch = jsonpatch.make_patch(before, after).patch
+            out.append(HistoryEntry(
+                sequence=sequence(msg), time=event.timestamp.isoformat(), actor=event.actor,
+                type=event.TYPE, command_id=event.causation_id,
+                correlation_id=event.correlation_id, changes=patch))
+            before = after
+        return out

@@ -1,0 +1,82 @@
+"""The scheduler: binds each Pending VMI to a Ready node with room.
+
+A node fits when it is Ready, carries every `nodeSelector` label, and its allocatable
+memory, CPU and extended resources (kvm/tun devices, hugepages) cover what its active VMIs
+hold plus this VMI's ask. Among fitting nodes the least-loaded by memory wins (ties by
+name), which spreads VMIs as kube-scheduler's default scoring roughly does.
+"""
+
+from __future__ import annotations
+
+from controlplane.controllers import derived_command
+from events.api.resources import VMIResources, quantity, vmi_resources
+from events.codec import Event
+from events.messages import Command
+from events.nodes import NODE_KIND
+from events.subjects import split_aggregate_id
+from events.vm import VMI_KIND
+from projections.cluster import ClusterState
+from projections.views import NodeView, VirtualMachineInstanceView
+
+NAME = "scheduler"
+
+
+class Scheduler:
+    name = NAME
+
+    def on_event(self, state: ClusterState, event: Event) -> list[Command]:
+        kind, namespace, name = split_aggregate_id(event.originator_id)
+        if kind == VMI_KIND:
+            vmi = state.vmi(namespace, name)
+            return self._schedule(state, vmi) if vmi is not None else []
+        if kind == NODE_KIND:
+            return self.resync(state)
+        return []
+
+    def resync(self, state: ClusterState) -> list[Command]:
+        commands: list[Command] = []
+        for vmi in list(state.vmis()):
+            commands += self._schedule(state, vmi)
+        return commands
+
+    def _schedule(self, state: ClusterState, vmi: VirtualMachineInstanceView) -> list[Command]:
+        if vmi.phase != "Pending" or vmi.node or vmi.deletion_requested_at is not None:
+            return []
+        node = self.choose(state, vmi)
+        if node is None:
+            return []
+        return [derived_command(NAME, "VirtualMachineInstance", "schedule",
+                                vmi.metadata.namespace, vmi.metadata.name, vmi.version,
+                                manifest={"node": node})]
+
+    def choose(self, state: ClusterState, vmi: VirtualMachineInstanceView) -> str | None:
+        assert vmi.spec is not None
+        best: tuple[float, str] | None = None
+        for node in state.nodes():
+            _, _, name = split_aggregate_id(node.id)
+            emulation = node.info is not None and node.info.domain_type != "kvm"
+            ask = vmi_resources(vmi.spec.domain, emulation=emulation)
+            load = self._fits(state, node, name, ask, vmi.spec.node_selector)
+            if load is not None and (best is None or (load, name) < best):
+                best = (load, name)
+        return best[1] if best else None
+
+    @staticmethod
+    def _fits(state: ClusterState, node: NodeView, name: str, ask: VMIResources,
+              selector: dict[str, str]) -> float | None:
+        """The node's memory load after placing `ask`, or None if it does not fit."""
+        info = node.info
+        if not node.ready or info is None:
+            return None
+        if any(info.labels.get(k) != v for k, v in selector.items()):
+            return None
+        used = state.node_usage(name, emulation=info.domain_type != "kvm")
+        memory = int(quantity(info.allocatable.get("memory", "0")))
+        cpu = int(quantity(info.allocatable.get("cpu", "0")) * 1000)
+        if used["memory"] + ask.memory_bytes > memory or used["cpu"] + ask.cpu_millis > cpu:
+            return None
+        for resource, amount in ask.extended.items():
+            have = int(quantity(info.allocatable.get(resource, "0")))
+            if used.get(resource, 0) + amount > have:
+                return None
+        return (used["memory"] + ask.memory_bytes) / memory if memory else 1.0

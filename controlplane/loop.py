@@ -1,0 +1,81 @@
+"""The control loop: one pass over the log feeds the read model, the dispatcher and the
+controllers, in that order, so each sees the same state at the same point.
+
+Start-up replays the whole log into the read model (dispatching only past the dispatcher's
+checkpoint), then reconciles every object once, then follows new events live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+from nats.aio.client import Client
+
+from controlplane.controllers import Controller
+from controlplane.controllers.dispatcher import Dispatcher
+from controlplane.controllers.nodelifecycle import NodeLifecycle
+from controlplane.controllers.scheduler import Scheduler
+from controlplane.controllers.vm import VMController
+from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS, NODE_MONITOR_PERIOD_SECONDS
+from controlplane.writer import Writer
+from events.aio import pause_unless_stopped
+from events.codec import Event
+from events.messages import Command
+from events.subjects import Layout
+from projections.cluster import ClusterState
+from projections.follower import follow
+
+log = structlog.get_logger(__name__)
+
+
+class ControlLoop:
+    def __init__(self, nc: Client, layout: Layout, writer: Writer,
+                 node_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS) -> None:
+        self.nc = nc
+        self.layout = layout
+        self.writer = writer
+        self.state = ClusterState()
+        self.controllers: list[Controller] = [VMController(), Scheduler()]
+        self.dispatcher = Dispatcher(nc, layout)
+        self.lifecycle = NodeLifecycle(nc, layout, node_grace_seconds)
+        self.live = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        checkpoint = await self.dispatcher.load_checkpoint()
+        log.info("control loop replaying", dispatcher_checkpoint=checkpoint)
+        await asyncio.gather(
+            follow(self.nc, self.layout, self._on_event, on_caught_up=self._caught_up,
+                   stop=stop),
+            self.lifecycle.watch(stop),
+            self._monitor_nodes(stop),
+        )
+
+    async def _on_event(self, sequence: int, event: Event) -> None:
+        self.state.apply(event, sequence)
+        await self.dispatcher.on_event(sequence, event, self.state)
+        if self.live.is_set():
+            for controller in self.controllers:
+                await self.execute(controller.on_event(self.state, event))
+
+    async def _caught_up(self) -> None:
+        await self.dispatcher.flush()
+        log.info("control loop live", sequence=self.state.last_sequence,
+                 objects=len(self.state.views))
+        self.live.set()
+        for controller in self.controllers:
+            await self.execute(controller.resync(self.state))
+
+    async def _monitor_nodes(self, stop: asyncio.Event) -> None:
+        await self.live.wait()
+        while not stop.is_set():
+            await self.execute(self.lifecycle.check(self.state))
+            await pause_unless_stopped(stop, NODE_MONITOR_PERIOD_SECONDS)
+
+    async def execute(self, commands: list[Command]) -> None:
+        """Run controller commands; fold their events in at once so the next decision
+        sees them (the same events arrive again from the log and are skipped)."""
+        for command in commands:
+            result = await self.writer.execute(command)
+            for sequence, event in result.events:
+                self.state.apply(event, sequence)

@@ -1,0 +1,134 @@
+"""`virtbus up`: everything on one machine. An embedded nats-server (or an existing one), the
+control plane, the read service and N node agents, each its own process, restarted if it
+dies, so `kill -9` of any of them is survivable by design."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import nats
+import structlog
+
+from controlplane.context import Context, write_context
+from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS
+from events.server import EmbeddedNats
+from events.streams import ensure_all
+from events.subjects import Layout
+
+log = structlog.get_logger(__name__)
+
+RESTART_BACKOFF_SECONDS = 1.0
+
+
+class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
+    data_dir: Path
+    nodes: int = 2
+    nats_port: int = 0
+    nats_url: str = ""
+    prefix: str = "virtbus"
+    libvirt_uri: str = "test:///default"
+    replicas: int = 1
+    node_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS
+
+
+class Child:
+    """One supervised process with its log file."""
+
+    def __init__(self, name: str, args: list[str], logs: Path) -> None:
+        self.name = name
+        self.args = args
+        self.log_path = logs / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        env = {**os.environ, "VIRTBUS_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1"}
+        with self.log_path.open("ab") as out:
+            self.process = subprocess.Popen([sys.executable, *self.args], stdout=out,
+                                            stderr=subprocess.STDOUT, env=env)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            assert self.process is not None
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def children(opts: UpOptions, url: str, logs: Path) -> list[Child]:
+    common = ["--nats-url", url, "--prefix", opts.prefix]
+    out = [
+        Child("controlplane", ["-m", "controlplane", "run", *common,
+                               "--node-grace", str(opts.node_grace_seconds)], logs),
+        Child("projections", ["-m", "projections", "run", *common], logs),
+    ]
+    for i in range(1, opts.nodes + 1):
+        out.append(Child(f"node-{i}", ["-m", "nodeagent", "run", *common, "--node", f"node-{i}",
+                                       "--libvirt-uri", opts.libvirt_uri,
+                                       "--disk-dir", str(opts.data_dir / "disks")], logs))
+    return out
+
+
+def up(opts: UpOptions) -> int:
+    opts.data_dir.mkdir(parents=True, exist_ok=True)
+    logs = opts.data_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    server: EmbeddedNats | None = None
+    url = opts.nats_url
+    if not url:
+        server = EmbeddedNats(opts.data_dir / "nats", port=opts.nats_port).start()
+        url = server.url
+    layout = Layout(opts.prefix)
+    asyncio.run(_prepare(url, layout, opts.replicas))
+    procs = children(opts, url, logs)
+    for child in procs:
+        child.start()
+    path = write_context(Context(nats_url=url, prefix=opts.prefix, data_dir=str(opts.data_dir)))
+    print(f"virtbus is up\n  NATS:      {url} (prefix {opts.prefix})\n"
+          f"  data:      {opts.data_dir}\n  logs:      {logs}/\n  context:   {path}\n"
+          f"  nodes:     {', '.join(c.name for c in procs if c.name.startswith('node-'))}\n"
+          "Try: virtbus apply -f examples/vm-cirros.yaml && virtbus get vm\n"
+          "Ctrl-C stops everything.", flush=True)
+    stopping = False
+
+    def stop(_sig: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while not stopping:
+            for child in procs:
+                if not child.alive() and not stopping:
+                    child.restarts += 1
+                    log.warning("restarting", process=child.name, restarts=child.restarts)
+                    child.start()
+            time.sleep(RESTART_BACKOFF_SECONDS)  # supervision period
+    finally:
+        for child in reversed(procs):
+            child.stop()
+        if server is not None:
+            server.stop()
+    return 0
+
+
+async def _prepare(url: str, layout: Layout, replicas: int) -> None:
+    nc = await nats.connect(url)
+    try:
+        await ensure_all(nc.jetstream(), layout, replicas)
+    finally:
+        await nc.drain()

@@ -1,0 +1,55 @@
+"""`python -m nodeagent run|domxml`: the agent of one host, and the converter on its own."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from events.logs import configure
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.converter import defaults
+from nodeagent.domxml import main_domxml
+
+
+async def _serve(cfg: AgentConfig) -> None:
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await NodeAgent(cfg).run(stop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["domxml"]:
+        return main_domxml(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m nodeagent")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="run the agent of one node")
+    p.add_argument("--node", required=True, help="this node's name")
+    p.add_argument("--nats-url", required=True)
+    p.add_argument("--prefix", default="virtbus")
+    p.add_argument("--libvirt-uri", default="test:///default",
+                   help="any libvirt URI: test:///default simulates a host, "
+                        "qemu:///system drives a real one")
+    p.add_argument("--kvm-devices", type=int, default=110,
+                   help="devices.kubevirt.io/kvm this node offers")
+    p.add_argument("--tun-devices", type=int, default=110,
+                   help="devices.kubevirt.io/tun this node offers")
+    p.add_argument("--host-cpu-model", default="",
+                   help="CPU model to label a host whose driver reports none (test driver)")
+    p.add_argument("--disk-dir", default=defaults.DISK_DIR)
+    sub.add_parser("domxml", help="print the domain XML of a VMI/VM manifest (-f FILE)")
+    args = parser.parse_args(argv)
+    configure()
+    cfg = AgentConfig(node=args.node, nats_url=args.nats_url, prefix=args.prefix,
+                      libvirt_uri=args.libvirt_uri, kvm_devices=args.kvm_devices,
+                      tun_devices=args.tun_devices, host_cpu_model=args.host_cpu_model,
+                      disk_dir=args.disk_dir)
+    asyncio.run(_serve(cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Following the event log from asyncio: replay to the head with batched Direct Get, then
+stay live on an ordered consumer. Every reader (read models, controllers, the dispatcher,
+`watch`) folds the log through this one loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+import msgspec
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from events.codec import Event, decode
+from events.directget import PAGE, direct_batch, last_on, sequence
+from events.jetstream import TOPIC_HEADER
+from events.subjects import Layout
+
+log = structlog.get_logger(__name__)
+
+OnEvent = Callable[[int, Event], Awaitable[None]]
+OnCaughtUp = Callable[[], Awaitable[None]]
+
+
+def decode_msg(msg: Msg) -> Event:
+    return decode((msg.headers or {})[TOPIC_HEADER], msg.data)
+
+
+async def head(nc: Client, layout: Layout, subject: str | None = None) -> int:
+    """The sequence of the newest event (0 for an empty log)."""
+    msg = await last_on(nc, layout.events_stream, subject or layout.events_filter())
+    return 0 if msg is None else sequence(msg)
+
+
+async def start_sequence_at(nc: Client, layout: Layout, at: datetime) -> int:
+    """The first sequence stored at or after `at` (for `--since TIME`)."""
+    stamp = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    request = {"start_time": stamp, "next_by_subj": layout.events_filter()}
+    reply = await nc.request(f"$JS.API.DIRECT.GET.{layout.events_stream}",
+                             msgspec.json.encode(request), timeout=10)
+    headers = reply.headers or {}
+    if headers.get("Status") == "404":
+        return await head(nc, layout) + 1
+    return int(headers["Nats-Sequence"])
+
+
+async def follow(
+    nc: Client,
+    layout: Layout,
+    on_event: OnEvent,
+    *,
+    start: int = 1,
+    subject: str | None = None,
+    on_caught_up: OnCaughtUp | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Deliver every event from `start` on, in order, until `stop` is set."""
+    subject = subject or layout.events_filter()
+    stop = stop or asyncio.Event()
+    target = await head(nc, layout, subject)
+    position = start
+    while position <= target and not stop.is_set():
+        page = await direct_batch(nc, layout.events_stream, position, PAGE, subject)
+        for msg in page:
+            await on_event(sequence(msg), decode_msg(msg))
+        if len(page) < PAGE:
+            break
+        position = sequence(page[-1]) + 1
+    position = max(position, target + 1)
+    if on_caught_up is not None:
+        await on_caught_up()
+    queue: asyncio.Queue[Msg] = asyncio.Queue()
+    sub = await nc.jetstream().subscribe(
+        subject, ordered_consumer=True, cb=queue.put,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                              opt_start_seq=position),
+    )
+    try:
+        stopped = asyncio.ensure_future(stop.wait())
+        while not stop.is_set():
+            got = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({got, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if got not in done:
+                got.cancel()
+                break
+            msg = got.result()
+            seq = msg.metadata.sequence.stream
+            await on_event(seq, decode_msg(msg))
+    finally:
+        await sub.unsubscribe()

@@ -1,0 +1,100 @@
+"""The read-model service: folds the log into ClusterState and answers queries over NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+import msgspec
+import nats
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from events.codec import Event
+from events.streams import wait_for_streams
+from events.subjects import Layout
+from projections.cluster import ClusterState, render_node, render_vm, render_vmi
+from projections.follower import follow
+from projections.query import Answer, Query
+
+log = structlog.get_logger(__name__)
+
+READ_WAIT_SECONDS = 10.0
+
+
+def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
+    """The objects a query names, in KubeVirt's JSON shape, sorted by namespace and name."""
+    out: list[dict[str, Any]] = []
+    match query.kind:
+        case "VirtualMachine":
+            for vm in state.vms():
+                meta = vm.metadata
+                if _matches(query, meta.namespace, meta.name):
+                    out.append(render_vm(vm, state.vmi(meta.namespace, meta.name)))
+        case "VirtualMachineInstance":
+            for vmi in state.vmis():
+                meta = vmi.metadata
+                if _matches(query, meta.namespace, meta.name):
+                    out.append(render_vmi(vmi))
+        case "Node":
+            for node in state.nodes():
+                name = node.id.split(".", 2)[2]
+                obj = render_node(node, state.node_usage(name))
+                if not query.name or obj["metadata"]["name"] == query.name:
+                    out.append(obj)
+    return sorted(out, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+
+
+def _matches(query: Query, namespace: str, name: str) -> bool:
+    return (not query.namespace or query.namespace == namespace) and (
+        not query.name or query.name == name)
+
+
+class ReadService:
+    def __init__(self, nc: Client, layout: Layout) -> None:
+        self.nc = nc
+        self.layout = layout
+        self.state = ClusterState()
+        self.advanced = asyncio.Condition()
+
+    async def _on_event(self, sequence: int, event: Event) -> None:
+        self.state.apply(event, sequence)
+        async with self.advanced:
+            self.advanced.notify_all()
+
+    async def _on_query(self, msg: Msg) -> None:
+        try:
+            query = msgspec.msgpack.decode(msg.data, type=Query)
+            async with self.advanced:
+                await asyncio.wait_for(self.advanced.wait_for(
+                    lambda: self.state.last_sequence >= query.after), READ_WAIT_SECONDS)
+            answer = Answer(items=render(self.state, query), sequence=self.state.last_sequence)
+        except (msgspec.DecodeError, TimeoutError) as e:
+            answer = Answer(error=f"{type(e).__name__}: {e}")
+        await msg.respond(msgspec.msgpack.encode(answer))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await wait_for_streams(self.nc.jetstream(), self.layout)
+        sub = await self.nc.subscribe(f"{self.layout.query_root}.get", cb=self._on_query)
+        try:
+            await follow(self.nc, self.layout, self._on_event, stop=stop)
+        finally:
+            await sub.unsubscribe()
+
+
+def run(nats_url: str, layout: Layout) -> None:
+    async def main() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        nc = await nats.connect(nats_url, name=f"{layout.prefix}-projections",
+                                max_reconnect_attempts=-1)
+        log.info("read service started", nats_url=nats_url, prefix=layout.prefix)
+        try:
+            await ReadService(nc, layout).run(stop)
+        finally:
+            await nc.drain()
+
+    asyncio.run(main())
