@@ -86,7 +86,7 @@ class Client:
         return cls(nc, Layout(prefix), actor or default_actor())
 
     async def close(self) -> None:
-        await self.nc.drain()
+        await self.nc.close()
 
     async def __aenter__(self) -> Self:
         return self

@@ -36,7 +36,7 @@ async def serve(nats_url: str, layout: Layout, *, replicas: int = 1,
         )
     finally:
         writer.close()
-        await nc.drain()
+        await nc.close()
 
 
 def run(nats_url: str, layout: Layout, **kwargs: object) -> None:

@@ -131,4 +131,4 @@ async def _prepare(url: str, layout: Layout, replicas: int) -> None:
     try:
         await ensure_all(nc.jetstream(), layout, replicas)
     finally:
-        await nc.drain()
+        await nc.close()

@@ -47,7 +47,7 @@ class NatsBridge:
         if self._loop.is_closed():
             return
         if not self.nc.is_closed:
-            self.run(self.nc.drain() if self.nc.is_connected else self.nc.close())
+            self.run(self.nc.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()

@@ -96,7 +96,7 @@ class NodeReport(msgspec.Struct, frozen=True, kw_only=True):
     domain: DomainObservation | None = None
 
 
-SimAction = Literal["guest-shutdown", "guest-crash", "agent-stop", "agent-start"]
+SimAction = Literal["guest-shutdown", "guest-crash", "agent-stop", "agent-start", "domains"]
 
 
 class SimRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -107,6 +107,14 @@ class SimRequest(msgspec.Struct, frozen=True, kw_only=True):
     name: str = ""
 
 
+class DomainSummary(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    uid: str
+    state: int
+
+
 class SimReply(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool
     error: str = ""
+    domains: list[DomainSummary] = []
+    """For `domains`: every guest of this host that belongs to a VMI."""

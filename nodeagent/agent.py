@@ -26,7 +26,14 @@ from events.aio import pause_unless_stopped
 from events.api.resources import vmi_resources
 from events.api.vm import VirtualMachineInstanceSpec
 from events.errors import InvalidSpec, VirtbusError
-from events.messages import DomainObservation, NodeCommand, NodeReport, SimReply, SimRequest
+from events.messages import (
+    DomainObservation,
+    DomainSummary,
+    NodeCommand,
+    NodeReport,
+    SimReply,
+    SimRequest,
+)
 from events.streams import HEARTBEAT_INTERVAL, wait_for_streams
 from events.subjects import Layout, encode_token
 from nodeagent import lifecycle
@@ -109,7 +116,7 @@ class NodeAgent:
             await sim.unsubscribe()
         finally:
             self.watcher.close()
-            await self.nc.drain()
+            await self.nc.close()
             await asyncio.to_thread(self.conn.close)
 
     async def _adopt_domains(self) -> None:
@@ -246,11 +253,23 @@ class NodeAgent:
     async def _on_sim(self, msg: Msg) -> None:
         try:
             request = msgspec.msgpack.decode(msg.data, type=SimRequest)
-            await self.simulate(request)
-            reply = SimReply(ok=True)
+            if request.action == "domains":
+                reply = SimReply(ok=True, domains=await asyncio.to_thread(self.summaries))
+            else:
+                await self.simulate(request)
+                reply = SimReply(ok=True)
         except (VirtbusError, libvirt.libvirtError, msgspec.DecodeError) as e:
             reply = SimReply(ok=False, error=str(e))
         await msg.respond(msgspec.msgpack.encode(reply))
+
+    def summaries(self) -> list[DomainSummary]:
+        """The host's guests that belong to VMIs, as libvirt reports them now."""
+        out = []
+        for dom in self.conn.listAllDomains(0):
+            ref = vmi_of(dom)
+            if ref is not None:
+                out.append(DomainSummary(name=dom.name(), uid=ref.uid, state=dom.state()[0]))
+        return out
 
     async def simulate(self, request: SimRequest) -> None:
         lifecycle.ensure_test_uri(self.cfg.libvirt_uri)

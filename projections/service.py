@@ -95,6 +95,6 @@ def run(nats_url: str, layout: Layout) -> None:
         try:
             await ReadService(nc, layout).run(stop)
         finally:
-            await nc.drain()
+            await nc.close()
 
     asyncio.run(main())

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from controlplane.client import Client
+from tests.system.harness import System, eventually, ready_nodes
+
+
+@pytest.fixture
+def system(nats_url: str, prefix: str, tmp_path: Path) -> Iterator[System]:
+    sys_ = System(nats_url, prefix, tmp_path)
+    sys_.start_all()
+    try:
+        yield sys_
+    finally:
+        sys_.stop_all()
+
+
+@pytest.fixture
+async def vb(system: System) -> AsyncIterator[Client]:
+    client = await Client.connect(system.nats_url, system.prefix, actor="user:alice")
+    try:
+        await eventually(lambda: ready_nodes(client, 2), what="two Ready nodes")
+        yield client
+    finally:
+        await client.close()

@@ -1,0 +1,131 @@
+"""The whole system under test: control plane, read service and node agents, each its own
+process (as `virtbus up` runs them), on the session's nats-server with a fresh prefix."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from events.messages import DomainSummary, SimReply, SimRequest
+from controlplane.client import Client
+
+T = TypeVar("T")
+
+WAIT_SECONDS = 30.0
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], timeout: float = WAIT_SECONDS,
+                     what: str = "condition") -> T:
+    """Poll `probe` until it returns something truthy; fail with `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = await probe()
+        except Exception as e:  # noqa: BLE001 - the probe may fail until the system is ready
+            last = e
+        else:
+            if value:
+                return value
+        await asyncio.sleep(0.05)  # poll interval of a condition wait, not synchronisation
+    raise AssertionError(f"timed out waiting for {what}" + (f" (last error: {last})" if last else ""))
+
+
+class System:
+    def __init__(self, nats_url: str, prefix: str, logs: Path, nodes: int = 2,
+                 node_grace: float = 3.0) -> None:
+        self.nats_url = nats_url
+        self.prefix = prefix
+        self.logs = logs
+        self.node_grace = node_grace
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.args: dict[str, list[str]] = {}
+        common = ["--nats-url", nats_url, "--prefix", prefix]
+        self.args["controlplane"] = ["-m", "controlplane", "run", *common,
+                                     "--node-grace", str(node_grace)]
+        self.args["projections"] = ["-m", "projections", "run", *common]
+        for i in range(1, nodes + 1):
+            self.args[f"node-{i}"] = ["-m", "nodeagent", "run", *common, "--node", f"node-{i}",
+                                      "--host-cpu-model", "Haswell-noTSX",
+                                      "--disk-dir", str(logs / "disks")]
+
+    def start(self, name: str) -> None:
+        env = {**os.environ, "VIRTBUS_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1"}
+        with (self.logs / f"{name}.log").open("ab") as out:
+            self.procs[name] = subprocess.Popen([sys.executable, *self.args[name]], stdout=out,
+                                                stderr=subprocess.STDOUT, env=env)
+
+    def start_all(self) -> None:
+        for name in self.args:
+            self.start(name)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[name]
+        proc.send_signal(sig)
+        proc.wait(timeout=20)
+
+    def stop_all(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        text = (self.logs / f"{name}.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+
+async def ready_nodes(vb: Client, count: int) -> list[dict[str, Any]] | None:
+    nodes = await vb.query("Node")
+    ready = [n for n in nodes if n["status"]["conditions"][0]["status"] == "True"]
+    return ready if len(ready) >= count else None
+
+
+async def vmi_phase(vb: Client, name: str, phase: str,
+                    namespace: str = "default") -> dict[str, Any] | None:
+    items = await vb.query("VirtualMachineInstance", namespace, name)
+    return items[0] if items and items[0]["status"]["phase"] == phase else None
+
+
+async def vm_status(vb: Client, name: str, printable: str,
+                    namespace: str = "default") -> dict[str, Any] | None:
+    items = await vb.query("VirtualMachine", namespace, name)
+    return items[0] if items and items[0]["status"]["printableStatus"] == printable else None
+
+
+async def domains(vb: Client, node: str) -> list[DomainSummary]:
+    reply = await vb.nc.request(vb.layout.agent_subject(node, "sim"),
+                                msgspec.msgpack.encode(SimRequest(action="domains")), timeout=10)
+    answer = msgspec.msgpack.decode(reply.data, type=SimReply)
+    assert answer.ok, answer.error
+    return answer.domains
+
+
+def vm_manifest(name: str, run_strategy: str = "Always", memory: str = "64Mi",
+                **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "runStrategy": run_strategy,
+            "template": {"spec": {"domain": {
+                "cpu": {"cores": 1},
+                "resources": {"requests": {"memory": memory}},
+                "devices": {},
+            }, **spec}},
+        },
+    }
