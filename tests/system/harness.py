@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from events.messages import DomainSummary, SimReply, SimRequest
 from controlplane.client import Client
+from events.messages import DomainSummary, SimReply, SimRequest
 
 T = TypeVar("T")
 
@@ -31,13 +31,14 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], timeout: float = 
     while time.monotonic() < deadline:
         try:
             value = await probe()
-        except Exception as e:  # noqa: BLE001 - the probe may fail until the system is ready
+        except Exception as e:
             last = e
         else:
             if value:
                 return value
         await asyncio.sleep(0.05)  # poll interval of a condition wait, not synchronisation
-    raise AssertionError(f"timed out waiting for {what}" + (f" (last error: {last})" if last else ""))
+    detail = f" (last error: {last})" if last else ""
+    raise AssertionError(f"timed out waiting for {what}{detail}")
 
 
 class System:
@@ -74,7 +75,7 @@ class System:
         proc.wait(timeout=20)
 
     def stop_all(self) -> None:
-        for name, proc in self.procs.items():
+        for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
         for proc in self.procs.values():
