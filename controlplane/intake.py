@@ -16,6 +16,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from controlplane.defaults import INTAKE_BATCH
 from controlplane.writer import Writer
+from events.aio import ACK_WAIT_SECONDS, claimed
 from events.messages import Command, NodeReport, Outcome
 from events.subjects import Layout, decode_token, encode_token
 
@@ -23,7 +24,6 @@ log = structlog.get_logger(__name__)
 
 COMMANDS_CONSUMER = "controlplane-commands"
 REPORTS_CONSUMER = "controlplane-reports"
-ACK_WAIT_SECONDS = 60.0
 _REPORT_IDS = uuid.UUID("5b0e1c77-3f41-5d2e-8a6b-1c9d0e7f2a34")
 
 _decode_command = msgspec.msgpack.Decoder(Command).decode
@@ -42,7 +42,8 @@ async def _consume(nc: Client, stream: str, subject: str, durable: str, *,
         except TimeoutError:
             continue
         for msg in msgs:
-            await handle(msg)
+            async with claimed(msg):
+                await handle(msg)
             await msg.ack()
 
 

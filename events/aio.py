@@ -4,9 +4,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
+
+from nats.aio.msg import Msg
 
 
 async def pause_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
     """Wait `seconds` between rounds of a periodic loop, returning at once on `stop`."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
+
+
+ACK_WAIT_SECONDS = 6.0
+"""How long JetStream waits for an ack before redelivering: short, so work held by a process
+that died is taken up again soon after it restarts. Live work keeps its claim with
+`in_progress` (see `claimed`)."""
+
+
+@contextlib.asynccontextmanager
+async def claimed(msg: Msg) -> AsyncIterator[None]:
+    """Keep a work item claimed (`+WPI` every third of the ack wait) while it is worked on."""
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(ACK_WAIT_SECONDS / 3)  # the renewal period itself
+            await msg.in_progress()
+
+    task = asyncio.ensure_future(renew())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -22,7 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from events.aio import pause_unless_stopped
+from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped
 from events.api.resources import vmi_resources
 from events.api.vm import VirtualMachineInstanceSpec
 from events.errors import InvalidSpec, VirtbusError
@@ -48,8 +48,6 @@ from nodeagent.watcher import LifecycleWatcher, to_asyncio
 
 log = structlog.get_logger(__name__)
 
-ACK_WAIT_SECONDS = 300.0
-"""Longer than any grace period a stop may wait out."""
 FETCH_BATCH = 16
 
 
@@ -197,7 +195,8 @@ class NodeAgent:
         bound = self.log.bind(vmi=ref.name, namespace=ref.namespace, verb=command.verb,
                               event_id=command.event_id)
         try:
-            await self.execute(command, ref)
+            async with claimed(msg):
+                await self.execute(command, ref)
         except (VirtbusError, libvirt.libvirtError) as e:
             bound.warning("node command failed", error=str(e))
             if command.verb == "launch":

@@ -11,6 +11,7 @@ import yaml
 from events.api.base import ApiStruct
 from events.api.vm import (
     API_VERSION,
+    RUN_STRATEGIES,
     SUPPORTED_RUN_STRATEGIES,
     VirtualMachine,
     VirtualMachineInstance,
@@ -91,6 +92,9 @@ def validate_vm(vm: VirtualMachine) -> None:
     spec = vm.spec
     if spec.running is not None and spec.run_strategy is not None:
         raise InvalidSpec("spec.running", "cannot be set together with spec.runStrategy")
+    if spec.effective_run_strategy not in RUN_STRATEGIES:
+        raise InvalidSpec("spec.runStrategy",
+                          f"must be one of {', '.join(RUN_STRATEGIES)}, not {spec.run_strategy!r}")
     if spec.effective_run_strategy not in SUPPORTED_RUN_STRATEGIES:
         raise InvalidSpec(
             "spec.runStrategy",

@@ -13,7 +13,8 @@ API_VERSION: Final = "kubevirt.io/v1"
 DEFAULT_GRACE_PERIOD_SECONDS: Final = 180
 """KubeVirt's default terminationGracePeriodSeconds for a VMI."""
 
-RunStrategy = Literal["Always", "Halted", "Manual", "RerunOnFailure", "Once", "WaitAsReceiver"]
+RUN_STRATEGIES: Final = ("Always", "Halted", "Manual", "RerunOnFailure", "Once",
+                         "WaitAsReceiver")
 SUPPORTED_RUN_STRATEGIES: Final = ("Always", "Halted", "Manual")
 
 
@@ -50,13 +51,13 @@ class VirtualMachineInstanceTemplateSpec(ApiStruct):
 class VirtualMachineSpec(ApiStruct):
     template: VirtualMachineInstanceTemplateSpec
     running: bool | None = None
-    run_strategy: RunStrategy | None = None
+    run_strategy: str | None = None
     instancetype: dict[str, Any] | None = None
     preference: dict[str, Any] | None = None
     data_volume_templates: list[dict[str, Any]] = []
 
     @property
-    def effective_run_strategy(self) -> RunStrategy:
+    def effective_run_strategy(self) -> str:
         """`runStrategy`, else `running` mapped as KubeVirt does, else Halted."""
         if self.run_strategy is not None:
             return self.run_strategy
