@@ -28,10 +28,10 @@ from events.codec import Event
 from events.directget import read_all, sequence
 from events.errors import InvalidSpec, NotFound
 from events.messages import Command, Outcome
+from events.query import Answer, Query, query_subject
 from events.subjects import Layout, aggregate_id, encode_token
 from projections.cluster import ClusterState, render_node, render_vm, render_vmi
 from projections.follower import decode_msg, follow, start_sequence_at
-from projections.query import Answer, Query
 from projections.service import render
 from projections.views import NodeView, View, VirtualMachineInstanceView, VirtualMachineView
 
@@ -149,7 +149,7 @@ class Client:
     async def query(self, kind: str, namespace: str = "", name: str = "",
                     after: int = 0) -> list[dict[str, Any]]:
         query = Query(kind=kind, namespace=namespace, name=name, after=after)
-        reply = await self.nc.request(f"{self.layout.query_root}.get",
+        reply = await self.nc.request(query_subject(self.layout),
                                       msgspec.msgpack.encode(query), timeout=15)
         answer = msgspec.msgpack.decode(reply.data, type=Answer)
         if answer.error:

@@ -1,12 +1,9 @@
-"""The read API's protocol: kinds and their short names, and query/answer messages on
-`<p>.query.get` and `<p>.query.list`. An `after` sequence makes a read wait until the read
-model has folded that event in, so a client reads its own accepted writes."""
+"""The read API's kinds and their short names. The query/answer messages themselves are in
+`events.query`, since node agents ask too."""
 
 from __future__ import annotations
 
-from typing import Any, Final
-
-import msgspec
+from typing import Final
 
 from events.errors import InvalidSpec
 
@@ -25,16 +22,3 @@ def resolve_kind(text: str) -> str:
             return kind
     names = ", ".join(a[0] for a in KINDS.values())
     raise InvalidSpec("kind", f"must be one of {names} (or their full names), not {text!r}")
-
-
-class Query(msgspec.Struct, frozen=True, kw_only=True):
-    kind: str
-    namespace: str = ""
-    name: str = ""
-    after: int = 0
-
-
-class Answer(msgspec.Struct, frozen=True, kw_only=True):
-    items: list[dict[str, Any]] = []
-    sequence: int = 0
-    error: str = ""

@@ -13,11 +13,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from events.codec import Event
+from events.query import Answer, Query, query_subject
 from events.streams import wait_for_streams
 from events.subjects import Layout
 from projections.cluster import ClusterState, render_node, render_vm, render_vmi
 from projections.follower import follow
-from projections.query import Answer, Query
 
 log = structlog.get_logger(__name__)
 
@@ -77,7 +77,7 @@ class ReadService:
 
     async def run(self, stop: asyncio.Event) -> None:
         await wait_for_streams(self.nc.jetstream(), self.layout)
-        sub = await self.nc.subscribe(f"{self.layout.query_root}.get", cb=self._on_query)
+        sub = await self.nc.subscribe(query_subject(self.layout), cb=self._on_query)
         try:
             await follow(self.nc, self.layout, self._on_event, stop=stop)
         finally:
