@@ -6,7 +6,7 @@ same name, as in KubeVirt, so deleting and re-creating either continues one hist
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from events.api.base import ObjectMeta
 from events.api.vm import VirtualMachineInstanceSpec, VirtualMachineSpec
@@ -14,6 +14,10 @@ from events.codec import Event, event_type
 
 VM_KIND: Final = "vm"
 VMI_KIND: Final = "vmi"
+
+PAUSED_USER_REQUESTED: Final = "PausedUserRequested"
+"""The reason of the Paused condition when a user paused the guest (virtbus pauses on no
+one else's behalf)."""
 
 Phase = Literal["Pending", "Scheduling", "Scheduled", "Running", "Succeeded", "Failed"]
 StateChange = Literal["Start", "Stop"]
@@ -73,8 +77,18 @@ class VirtualMachineInstanceCreated(Event, frozen=True, kw_only=True):
     """The owner's restart count when this VMI was made; a later restart replaces it."""
 
 
+def _node_name_to_node(v1: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 called the field `node_name`; schema 2 says `node`, as the views do."""
+    v2 = dict(v1)
+    v2["node"] = v2.pop("node_name")
+    return v2
+
+
 @event_type("VirtualMachineInstanceScheduled")
 class VirtualMachineInstanceScheduled(Event, frozen=True, kw_only=True):
+    SCHEMA = 2
+    UPCASTERS = {1: _node_name_to_node}
+
     node: str
 
 
@@ -100,3 +114,15 @@ class VirtualMachineInstanceNodeAction(Event, frozen=True, kw_only=True):
     """A request for the node running the VMI: pause, unpause or restart the guest."""
 
     action: Literal["pause", "unpause", "restart"]
+
+
+@event_type("VirtualMachineInstancePaused")
+class VirtualMachineInstancePaused(Event, frozen=True, kw_only=True):
+    """The node confirmed the guest's vCPUs are suspended: the Paused condition is True."""
+
+    reason: str = PAUSED_USER_REQUESTED
+
+
+@event_type("VirtualMachineInstanceUnpaused")
+class VirtualMachineInstanceUnpaused(Event, frozen=True, kw_only=True):
+    """The node confirmed the guest runs again: the Paused condition is gone."""

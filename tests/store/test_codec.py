@@ -1,0 +1,82 @@
+"""The event language: stable type names, schema versions upcast on read, JSON for people,
+and subject-safe names."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import msgspec
+import pytest
+from eventsourcing.persistence import StoredEvent
+from eventsourcing.utils import Environment
+
+from events.codec import EventMapper, decode, event_id, to_builtins
+from events.errors import InvalidSpec
+from events.jetstream import JetStreamFactory
+from events.subjects import (
+    Layout,
+    aggregate_id,
+    decode_token,
+    encode_token,
+    split_aggregate_id,
+)
+from events.vm import VirtualMachineInstanceScheduled
+
+AT = datetime(2026, 11, 21, 10, 2, tzinfo=UTC)
+
+
+def scheduled_v1(agg: str) -> bytes:
+    """A VirtualMachineInstanceScheduled as schema 1 wrote it (`node_name`)."""
+    return msgspec.msgpack.encode({
+        "originator_id": agg, "originator_version": 2, "timestamp": AT, "actor": "scheduler",
+        "correlation_id": "c", "causation_id": "k", "node_name": "node-7"})
+
+
+def test_an_old_schema_is_upcast_when_read_back_from_the_store(nats_url: str,
+                                                               prefix: str) -> None:
+    factory = JetStreamFactory(Environment(env={"NATS_URL": nats_url, "VIRTBUS_PREFIX": prefix}))
+    try:
+        recorder = factory.application_recorder()
+        agg = aggregate_id("vmi", "default", "old")
+        recorder.insert_events([StoredEvent(originator_id=agg, originator_version=2,
+                                            topic="VirtualMachineInstanceScheduled.v1",
+                                            state=scheduled_v1(agg))])
+        [stored] = recorder.select_events(agg)
+        event = EventMapper(transcoder=None).to_domain_event(stored)  # type: ignore[arg-type]
+        assert isinstance(event, VirtualMachineInstanceScheduled)
+        assert event.node == "node-7" and event.timestamp == AT
+        [notification] = recorder.select_notifications(start=None, limit=1)
+        assert decode(notification.topic, notification.state) == event
+    finally:
+        factory.close()
+
+
+def test_current_schema_round_trips_with_a_stable_name_and_id() -> None:
+    event = VirtualMachineInstanceScheduled(
+        originator_id="vmi.default.x", originator_version=3, timestamp=AT, actor="a",
+        correlation_id="c", causation_id="k", node="n1")
+    stored = EventMapper(transcoder=None).to_stored_event(event)  # type: ignore[arg-type]
+    assert stored.topic == "VirtualMachineInstanceScheduled.v2"
+    assert decode(stored.topic, stored.state) == event
+    body = to_builtins(event)
+    assert body["type"] == "VirtualMachineInstanceScheduled" and body["schema"] == 2
+    assert body["id"] == str(event_id("vmi.default.x", 3)) == str(event.id)
+
+
+@pytest.mark.parametrize("name", ["web-1", "host.example.com", "Upper", "a b", "ünï", "x*>"])
+def test_any_name_becomes_one_subject_token_and_back(name: str) -> None:
+    token = encode_token(name)
+    assert not any(c in token for c in ". *>") and token
+    assert decode_token(token) == name
+    agg = aggregate_id("node", "", name)
+    assert split_aggregate_id(agg) == ("node", "", name)
+    assert len(Layout().aggregate_subject(agg).split(".")) == 5
+
+
+def test_a_prefix_that_would_split_subjects_is_refused() -> None:
+    with pytest.raises(InvalidSpec, match="VIRTBUS_PREFIX"):
+        Layout("vb.prod")
+    assert Layout("vb-prod").events_stream == "VB_PROD_EVENTS"
+    one = uuid.UUID(int=1)
+    assert Layout().aggregate_subject(one) == f"virtbus.ev.uuid.{one.hex}"
