@@ -6,7 +6,7 @@ with a 204 status), so reading a log costs one round trip per page, not per mess
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 from typing import Final
 
 import msgspec
@@ -24,28 +24,34 @@ class DirectGetError(RuntimeError):
 
 
 async def direct_batch(nc: Client, stream: str, start: int, limit: int, subject: str) -> list[Msg]:
-    """Up to `limit` messages on `subject` (wildcards allowed) from sequence `start`."""
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox)
+    """Up to `limit` messages on `subject` (wildcards allowed) from sequence `start`.
+
+    Messages are collected by the subscription's callback and the page completes on the
+    server's end-of-batch status: one future per page, not one wait per message (which
+    cost half the replay time in nats-py's `next_msg`).
+    """
+    out: list[Msg] = []
+    end: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def collect(msg: Msg) -> None:
+        headers = msg.headers or {}
+        status = headers.get("Status")
+        if status is None:
+            out.append(msg)
+        elif not end.done():
+            end.set_result(status)
+
+    sub = await nc.subscribe(nc.new_inbox(), cb=collect)
     try:
         request = {"seq": max(start, 1), "batch": limit, "next_by_subj": subject}
-        await nc.publish(f"$JS.API.DIRECT.GET.{stream}", _encode_json(request), reply=inbox)
-        out: list[Msg] = []
-        while True:
-            msg = await sub.next_msg(timeout=TIMEOUT)
-            headers = msg.headers or {}
-            if "Status" in headers:
-                if headers["Status"] not in ("204", "404"):
-                    raise DirectGetError(f"direct get failed: {headers}")
-                return out
-            out.append(msg)
-            if len(out) == limit:
-                # The server still sends its end-of-batch marker; drain it.
-                with contextlib.suppress(TimeoutError):
-                    await sub.next_msg(timeout=TIMEOUT)
-                return out
+        await nc.publish(f"$JS.API.DIRECT.GET.{stream}", _encode_json(request),
+                         reply=sub.subject)
+        status = await asyncio.wait_for(end, TIMEOUT)
     finally:
         await sub.unsubscribe()
+    if status not in ("204", "404"):
+        raise DirectGetError(f"direct get of {stream} failed with status {status}")
+    return out
 
 
 async def last_on(nc: Client, stream: str, subject: str) -> Msg | None:
