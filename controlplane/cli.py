@@ -277,7 +277,10 @@ def _readers(sub: Subparsers) -> None:
 
     for verb, message in (("start", "VM {name} was scheduled to start"),
                           ("stop", "VM {name} was scheduled to stop"),
-                          ("restart", "VM {name} was scheduled to restart")):
+                          ("restart", "VM {name} was scheduled to restart"),
+                          ("pause", "VMI {name} was scheduled to pause"),
+                          ("unpause", "VMI {name} was scheduled to unpause"),
+                          ("soft-reboot", "VMI {name} was scheduled to soft reboot")):
         s = sub.add_parser(verb, help=f"{verb} a VirtualMachine")
         s.add_argument("name")
         ns(s)

@@ -1,5 +1,6 @@
-"""VirtualMachineInstance commands: from users (apply, delete) and from controllers and node
-reports (create for a VM, schedule, observe)."""
+"""VirtualMachineInstance commands: from users (apply, delete, and pause / unpause /
+soft-reboot of a VMI or of a VM's VMI, as virtctl does) and from controllers and node reports
+(create for a VM, schedule, observe)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import msgspec
 
 from controlplane.aggregate import Aggregate
 from controlplane.handling import Decision, Rejected, handles
+from controlplane.vm_commands import KIND as VM_KIND_NAME
+from controlplane.vm_commands import load_vm
 from events.api.base import ObjectMeta
 from events.api.manifest import decode_object
 from events.api.vm import VirtualMachineInstance
@@ -21,8 +24,11 @@ from events.vm import (
     VirtualMachineInstanceCreated,
     VirtualMachineInstanceDeleted,
     VirtualMachineInstanceDeletionRequested,
+    VirtualMachineInstanceNodeAction,
+    VirtualMachineInstancePaused,
     VirtualMachineInstancePhaseChanged,
     VirtualMachineInstanceScheduled,
+    VirtualMachineInstanceUnpaused,
 )
 from projections.views import TERMINAL_PHASES, VirtualMachineInstanceView, VirtualMachineView
 
@@ -128,3 +134,48 @@ def observe(d: Decision) -> None:
         return
     if obs.phase != state.phase and state.phase not in TERMINAL_PHASES:
         d.trigger(vmi, VirtualMachineInstancePhaseChanged, phase=obs.phase, reason=obs.reason)
+    if state.phase == "Running" and obs.paused != state.paused:
+        d.trigger(vmi, VirtualMachineInstancePaused if obs.paused
+                  else VirtualMachineInstanceUnpaused)
+
+
+# -- guest actions: the node does them, its observation confirms them ------------------------
+
+
+def running_vmi(d: Decision) -> Aggregate[VirtualMachineInstanceView]:
+    """The VMI a guest action targets: the VMI itself, or the VM's (which must exist)."""
+    if d.command.kind == VM_KIND_NAME:
+        load_vm(d)
+    vmi = load_vmi(d)
+    state = vmi.state
+    if not vmi.exists or state.phase != "Running" or state.deletion_requested_at is not None:
+        raise Rejected("VMI is not running")
+    return vmi
+
+
+def pause(d: Decision) -> None:
+    vmi = running_vmi(d)
+    if vmi.state.paused:
+        raise Rejected("VMI is already paused")
+    d.trigger(vmi, VirtualMachineInstanceNodeAction, action="pause")
+
+
+def unpause(d: Decision) -> None:
+    vmi = running_vmi(d)
+    if not vmi.state.paused:
+        raise Rejected("VMI is not paused")
+    d.trigger(vmi, VirtualMachineInstanceNodeAction, action="unpause")
+
+
+def soft_reboot(d: Decision) -> None:
+    """A reboot inside the guest; unlike `restart` the VMI (and its uid) stays."""
+    vmi = running_vmi(d)
+    if vmi.state.paused:
+        raise Rejected("VMI is paused; unpause it first")
+    d.trigger(vmi, VirtualMachineInstanceNodeAction, action="restart")
+
+
+for _kind in (KIND, VM_KIND_NAME):
+    handles(_kind, "pause")(pause)
+    handles(_kind, "unpause")(unpause)
+    handles(_kind, "soft-reboot")(soft_reboot)

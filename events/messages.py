@@ -18,7 +18,8 @@ from events.codec import Event, event_type
 
 COMMAND_KIND: Final = "command"
 
-Verb = Literal["apply", "start", "stop", "restart", "delete", "pause", "unpause", "patch"]
+Verb = Literal["apply", "start", "stop", "restart", "delete", "pause", "unpause", "soft-reboot",
+               "patch"]
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,6 +87,8 @@ class DomainObservation(msgspec.Struct, frozen=True, kw_only=True):
     reason: str = ""
     gone: bool = False
     """The domain no longer exists on the host."""
+    paused: bool = False
+    """The guest's vCPUs are suspended; its phase stays Running, as in KubeVirt."""
 
 
 class NodeReport(msgspec.Struct, frozen=True, kw_only=True):

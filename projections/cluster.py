@@ -110,13 +110,22 @@ def printable_status(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | N
         case "Scheduled":
             return "Starting"
         case "Running":
-            return "Running"
+            return "Paused" if vmi.paused else "Running"
         case "Succeeded":
             return "Stopped"
         case "Failed":
             return "CrashLoopBackOff" if vm.run_strategy == "Always" else "Stopped"
         case _:
             return "Unknown"
+
+
+def paused_condition(vmi: VirtualMachineInstanceView | None) -> list[dict[str, Any]]:
+    """KubeVirt's `Paused` condition, on the VMI and copied to its VM, while it is paused."""
+    if vmi is None or not vmi.paused:
+        return []
+    return [{"type": "Paused", "status": "True", "reason": vmi.paused_reason,
+             "message": "VMI was paused by user", "lastProbeTime": None,
+             "lastTransitionTime": iso(vmi.paused_at)}]
 
 
 def render_vm(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) -> dict[str, Any]:
@@ -133,7 +142,7 @@ def render_vm(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) ->
             "type": "Ready",
             "status": "True" if ready else "False",
             "lastTransitionTime": iso(vmi.updated_at if vmi else vm.updated_at),
-        }],
+        }, *paused_condition(vmi)],
     }
     if vm.run_strategy == "Manual" and vm.manual_running:
         status["stateChangeRequests"] = []
@@ -168,7 +177,7 @@ def render_vmi(vmi: VirtualMachineInstanceView) -> dict[str, Any]:
             "type": "Ready",
             "status": "True" if vmi.phase == "Running" else "False",
             "lastTransitionTime": iso(vmi.updated_at),
-        }],
+        }, *paused_condition(vmi)],
     }
     if vmi.node:
         status["nodeName"] = vmi.node

@@ -23,8 +23,10 @@ from events.vm import (
     VirtualMachineInstanceCreated,
     VirtualMachineInstanceDeleted,
     VirtualMachineInstanceDeletionRequested,
+    VirtualMachineInstancePaused,
     VirtualMachineInstancePhaseChanged,
     VirtualMachineInstanceScheduled,
+    VirtualMachineInstanceUnpaused,
     VirtualMachineRestartRequested,
     VirtualMachineRunStrategyChanged,
     VirtualMachineStateChangeRequested,
@@ -117,11 +119,18 @@ class VirtualMachineInstanceView(View):
         self.deletion_requested_at: datetime | None = None
         self.grace_period_seconds = 0
         self.transitions: list[tuple[str, datetime]] = []
+        self.paused_reason = ""
+        """Why the guest is paused (the Paused condition's reason); '' when it is not."""
+        self.paused_at: datetime | None = None
 
     @property
     def active(self) -> bool:
         """Holds (or is about to hold) resources on a node."""
         return self.exists and self.phase not in TERMINAL_PHASES
+
+    @property
+    def paused(self) -> bool:
+        return bool(self.paused_reason)
 
     def mutate(self, event: Event) -> None:
         match event:
@@ -130,7 +139,7 @@ class VirtualMachineInstanceView(View):
                 self.exists, self.uid, self.metadata, self.spec = True, uid, meta, spec
                 self.owner, self.restart_count, self.node, self.reason = owner, rc, "", ""
                 self.created_at, self.deletion_requested_at = event.timestamp, None
-                self.transitions = []
+                self.transitions, self.paused_reason, self.paused_at = [], "", None
                 self._phase("Pending", event.timestamp)
             case VirtualMachineInstanceScheduled(node=node):
                 self.node = node
@@ -138,6 +147,12 @@ class VirtualMachineInstanceView(View):
             case VirtualMachineInstancePhaseChanged(phase=phase, reason=reason):
                 self.reason = reason
                 self._phase(phase, event.timestamp)
+                if phase in TERMINAL_PHASES:
+                    self.paused_reason, self.paused_at = "", None
+            case VirtualMachineInstancePaused(reason=reason):
+                self.paused_reason, self.paused_at = reason, event.timestamp
+            case VirtualMachineInstanceUnpaused():
+                self.paused_reason, self.paused_at = "", None
             case VirtualMachineInstanceDeletionRequested(grace_period_seconds=grace):
                 self.deletion_requested_at, self.grace_period_seconds = event.timestamp, grace
             case VirtualMachineInstanceDeleted():
