@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS
 from controlplane.service import run
+from events.connect import add_arguments
 from events.logs import configure
 from events.subjects import Layout
 
@@ -15,9 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m controlplane")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run the control plane")
-    p.add_argument("--nats-url", required=True)
-    p.add_argument("--prefix", default="virtbus")
-    p.add_argument("--replicas", type=int, default=1)
+    add_arguments(p)
+    p.add_argument("--replicas", type=int, default=int(os.environ.get("VIRTBUS_REPLICAS", "1")),
+                   help="stream replicas (3 on a NATS cluster; env VIRTBUS_REPLICAS)")
     p.add_argument("--node-grace", type=float, default=NODE_MONITOR_GRACE_SECONDS)
     args = parser.parse_args(argv)
     configure()

@@ -19,12 +19,12 @@ from typing import Any, Self
 
 import jsonpatch
 import msgspec
-import nats
 from nats.aio.client import Client as Nats
 
 from controlplane.defaults import COMMAND_AWAIT_TIMEOUT_SECONDS
 from events.api.manifest import decode_object
 from events.codec import Event
+from events.connect import connect
 from events.directget import read_all, sequence
 from events.errors import InvalidSpec, NotFound
 from events.messages import Command, Outcome
@@ -80,9 +80,8 @@ class Client:
 
     @classmethod
     async def connect(cls, url: str, prefix: str = "virtbus", actor: str = "") -> Self:
-        nc = await nats.connect(url, name="virtbus-client", connect_timeout=5,
-                                max_reconnect_attempts=3, allow_reconnect=False,
-                                error_cb=_quiet)
+        nc = await connect(url, "virtbus-client", connect_timeout=5, allow_reconnect=False,
+                           max_reconnect_attempts=3, error_cb=_quiet)
         return cls(nc, Layout(prefix), actor or default_actor())
 
     async def close(self) -> None:

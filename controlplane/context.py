@@ -8,12 +8,12 @@ from pathlib import Path
 
 import msgspec
 
-from events.jetstream import DEFAULT_NATS_URL
+from events.connect import DEFAULT_URL
 from events.subjects import DEFAULT_PREFIX
 
 
 class Context(msgspec.Struct, frozen=True, kw_only=True):
-    nats_url: str = DEFAULT_NATS_URL
+    nats_url: str = DEFAULT_URL
     prefix: str = DEFAULT_PREFIX
     data_dir: str = ""
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import signal
 
-import nats
 import structlog
 
 from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS
 from controlplane.intake import CommandIntake, ReportIntake
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
+from events.connect import connect
 from events.streams import ensure_all
 from events.subjects import Layout
 
@@ -22,8 +22,7 @@ async def serve(nats_url: str, layout: Layout, *, replicas: int = 1,
                 node_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS,
                 stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
-    nc = await nats.connect(nats_url, name=f"{layout.prefix}-controlplane",
-                            max_reconnect_attempts=-1)
+    nc = await connect(nats_url, f"{layout.prefix}-controlplane")
     await ensure_all(nc.jetstream(), layout, replicas)
     writer = Writer(nats_url, layout)
     loop = ControlLoop(nc, layout, writer, node_grace_seconds)

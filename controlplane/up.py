@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 
 import msgspec
-import nats
 import structlog
 
 from controlplane.context import Context, write_context
 from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS
+from events.connect import connect
 from events.server import EmbeddedNats
 from events.streams import ensure_all
 from events.subjects import Layout
@@ -127,7 +127,7 @@ def up(opts: UpOptions) -> int:
 
 
 async def _prepare(url: str, layout: Layout, replicas: int) -> None:
-    nc = await nats.connect(url)
+    nc = await connect(url, "virtbus-up")
     try:
         await ensure_all(nc.jetstream(), layout, replicas)
     finally:

@@ -12,8 +12,9 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-import nats
 from nats.aio.client import Client
+
+from events.connect import connect
 
 T = TypeVar("T")
 
@@ -29,8 +30,7 @@ class NatsBridge:
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"nats-{name}",
                                         daemon=True)
         self._thread.start()
-        self.nc: Client = self.run(nats.connect(url, name=name, max_reconnect_attempts=-1,
-                                                connect_timeout=5))
+        self.nc: Client = self.run(connect(url, name, connect_timeout=5))
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

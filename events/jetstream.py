@@ -45,6 +45,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from events.bridge import NatsBridge
 from events.codec import event_id
+from events.connect import DEFAULT_URL
 from events.directget import PAGE, direct_batch, last_on
 from events.streams import ensure_stream, events_stream_config
 from events.subjects import (
@@ -55,7 +56,6 @@ from events.subjects import (
     originator_of,
 )
 
-DEFAULT_NATS_URL: Final = "nats://127.0.0.1:4222"
 MAX_BATCH: Final = 1000
 """JetStream's limit on messages in one atomic batch."""
 MAX_APPEND_ATTEMPTS: Final = 5
@@ -131,6 +131,11 @@ class JetStreamDatastore:
 
     async def last_on(self, stream: str, subject: str) -> Msg | None:
         return await last_on(self.bridge.nc, stream, subject)
+
+    async def subjects(self, stream: str, subject_filter: str) -> list[str]:
+        """The subjects holding messages under `subject_filter`, from the stream's state."""
+        info = await self.js.stream_info(stream, subjects_filter=subject_filter)
+        return sorted(info.state.subjects or {})
 
     def remember(self, subject: str, version: int, seq: int) -> None:
         last = self._last.get(subject)
@@ -291,6 +296,14 @@ class JetStreamAggregateRecorder(AggregateRecorder):
         """(version, stream sequence) of an aggregate's newest event, read from the server."""
         subject = aggregate_subject(self.space.root, originator_id)
         return self.datastore.bridge.run(self.datastore.refresh(self.space.stream, subject))
+
+    def aggregate_ids(self, kind: str) -> list[str]:
+        """Every aggregate of one kind (`<kind>.<namespace>.<name>`) that has events, deleted
+        ones included: for deciders that must look at all objects of a kind."""
+        root = self.space.root
+        subjects = self.datastore.bridge.run(
+            self.datastore.subjects(self.space.stream, f"{root}.{kind}.>"))
+        return [subject[len(root) + 1:] for subject in subjects]
 
     def select_events(
         self,
@@ -514,7 +527,7 @@ class JetStreamFactory(InfrastructureFactory[JetStreamTrackingRecorder]):
 
     def __init__(self, env: Environment) -> None:
         super().__init__(env)
-        url = self.env.get(self.NATS_URL) or DEFAULT_NATS_URL
+        url = self.env.get(self.NATS_URL) or DEFAULT_URL
         prefix = self.env.get(self.VIRTBUS_PREFIX) or DEFAULT_PREFIX
         self.datastore = JetStreamDatastore(url, Layout(prefix))
 

@@ -7,6 +7,7 @@ import asyncio
 import signal
 import sys
 
+from events.connect import add_arguments
 from events.logs import configure
 from nodeagent.agent import AgentConfig, NodeAgent
 from nodeagent.converter import defaults
@@ -28,8 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run the agent of one node")
     p.add_argument("--node", required=True, help="this node's name")
-    p.add_argument("--nats-url", required=True)
-    p.add_argument("--prefix", default="virtbus")
+    add_arguments(p)
     p.add_argument("--libvirt-uri", default="test:///default",
                    help="any libvirt URI: test:///default simulates a host, "
                         "qemu:///system drives a real one")

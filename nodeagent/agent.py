@@ -16,7 +16,6 @@ import xml.etree.ElementTree as ET
 
 import libvirt
 import msgspec
-import nats
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -25,6 +24,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped
 from events.api.resources import vmi_resources
 from events.api.vm import VirtualMachineInstanceSpec
+from events.connect import connect
 from events.errors import InvalidSpec, VirtbusError
 from events.messages import (
     DomainObservation,
@@ -99,8 +99,7 @@ class NodeAgent:
         self.watcher = LifecycleWatcher(self.conn, to_asyncio(loop, observations),
                                         node=self.cfg.node)
         self.domain_type = hypervisor_domain_type(self.cfg.libvirt_uri)
-        self.nc = await nats.connect(self.cfg.nats_url, name=f"agent-{self.cfg.node}",
-                                     max_reconnect_attempts=-1)
+        self.nc = await connect(self.cfg.nats_url, f"agent-{self.cfg.node}")
         try:
             await wait_for_streams(self.nc.jetstream(), self.layout)
             await self._adopt_domains()

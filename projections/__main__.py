@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from events.connect import add_arguments
 from events.logs import configure
 from events.subjects import Layout
 from projections.service import run
@@ -14,8 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m projections")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run the read service")
-    p.add_argument("--nats-url", required=True)
-    p.add_argument("--prefix", default="virtbus")
+    add_arguments(p)
     args = parser.parse_args(argv)
     configure()
     run(args.nats_url, Layout(args.prefix))

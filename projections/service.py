@@ -7,12 +7,12 @@ import signal
 from typing import Any
 
 import msgspec
-import nats
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from events.codec import Event
+from events.connect import connect
 from events.query import Answer, Query, query_subject
 from events.streams import wait_for_streams
 from events.subjects import Layout
@@ -89,8 +89,7 @@ def run(nats_url: str, layout: Layout) -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        nc = await nats.connect(nats_url, name=f"{layout.prefix}-projections",
-                                max_reconnect_attempts=-1)
+        nc = await connect(nats_url, f"{layout.prefix}-projections")
         log.info("read service started", nats_url=nats_url, prefix=layout.prefix)
         try:
             await ReadService(nc, layout).run(stop)
