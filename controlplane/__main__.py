@@ -23,9 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node-grace", type=float, default=NODE_MONITOR_GRACE_SECONDS)
     args = parser.parse_args(argv)
     configure()
-    run(args.nats_url, Layout(args.prefix), replicas=args.replicas,
-        node_grace_seconds=args.node_grace)
-    return 0
+    return run(args.nats_url, Layout(args.prefix), replicas=args.replicas,
+               node_grace_seconds=args.node_grace)
 
 
 if __name__ == "__main__":

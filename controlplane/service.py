@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import socket
 
 import structlog
 
 from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS
 from controlplane.intake import CommandIntake, ReportIntake
+from controlplane.lease import Lease
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
 from events.connect import connect
@@ -17,32 +20,54 @@ from events.subjects import Layout
 
 log = structlog.get_logger(__name__)
 
+DEFAULT_HOLDER = os.environ.get("VIRTBUS_REPLICA", "") or socket.gethostname()
+"""This replica's name in the lease: stable across its own restarts."""
+
 
 async def serve(nats_url: str, layout: Layout, *, replicas: int = 1,
                 node_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS,
-                stop: asyncio.Event | None = None) -> None:
+                holder: str = DEFAULT_HOLDER, stop: asyncio.Event | None = None) -> bool:
+    """Lead (once the lease is ours) until `stop`; False if the lease was lost instead."""
     stop = stop or asyncio.Event()
     nc = await connect(nats_url, f"{layout.prefix}-controlplane")
     await ensure_all(nc.jetstream(), layout, replicas)
+    lease = Lease(nc, layout, holder)
+    if not await lease.acquire(stop):
+        await nc.close()
+        return True
+    lost = asyncio.Event()
+    halt = asyncio.Event()
+
+    async def halt_on(event: asyncio.Event) -> None:
+        await event.wait()
+        halt.set()
+
     writer = Writer(nats_url, layout)
     loop = ControlLoop(nc, layout, writer, node_grace_seconds)
     log.info("control plane started", nats_url=nats_url, prefix=layout.prefix)
     try:
+        watchers = [asyncio.ensure_future(halt_on(e)) for e in (stop, lost)]
         await asyncio.gather(
-            CommandIntake(nc, layout, writer).run(stop),
-            ReportIntake(nc, layout, writer).run(stop),
-            loop.run(stop),
+            CommandIntake(nc, layout, writer).run(halt),
+            ReportIntake(nc, layout, writer).run(halt),
+            loop.run(halt),
+            lease.hold(halt, lost),
         )
+        for w in watchers:
+            w.cancel()
     finally:
         writer.close()
         await nc.close()
+    return not lost.is_set()
 
 
-def run(nats_url: str, layout: Layout, **kwargs: object) -> None:
-    async def main() -> None:
+def run(nats_url: str, layout: Layout, **kwargs: object) -> int:
+    """The process: exit status 1 when the lease was lost, so a supervisor restarts it."""
+
+    async def main() -> bool:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        await serve(nats_url, layout, stop=stop, **kwargs)  # type: ignore[arg-type]
+        return await serve(nats_url, layout, stop=stop, **kwargs)  # type: ignore[arg-type]
 
-    asyncio.run(main())
+    return 0 if asyncio.run(main()) else 1

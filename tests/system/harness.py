@@ -50,6 +50,7 @@ class System:
         self.node_grace = node_grace
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.args: dict[str, list[str]] = {}
+        self.env: dict[str, dict[str, str]] = {"controlplane": {"VIRTBUS_REPLICA": "cp-a"}}
         common = ["--nats-url", nats_url, "--prefix", prefix]
         self.args["controlplane"] = ["-m", "controlplane", "run", *common,
                                      "--node-grace", str(node_grace)]
@@ -59,8 +60,14 @@ class System:
                                       "--host-cpu-model", "Haswell-noTSX",
                                       "--disk-dir", str(logs / "disks")]
 
+    def add_replica(self, name: str) -> None:
+        """Another control-plane process, standing by for the lease."""
+        self.args[name] = self.args["controlplane"]
+        self.env[name] = {"VIRTBUS_REPLICA": name}
+
     def start(self, name: str) -> None:
-        env = {**os.environ, "VIRTBUS_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "VIRTBUS_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1",
+               **self.env.get(name, {})}
         with (self.logs / f"{name}.log").open("ab") as out:
             self.procs[name] = subprocess.Popen([sys.executable, *self.args[name]], stdout=out,
                                                 stderr=subprocess.STDOUT, env=env)
