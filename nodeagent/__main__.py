@@ -11,6 +11,11 @@ from events.connect import add_arguments
 from events.logs import configure
 from nodeagent.agent import AgentConfig, NodeAgent
 from nodeagent.converter import defaults
+from nodeagent.defaults import (
+    DEVICE_PLUGIN_CAPACITY,
+    REDISCOVERY_INTERVAL_SECONDS,
+    TEST_HOST_CPU_MODEL,
+)
 from nodeagent.domxml import main_domxml
 
 
@@ -33,20 +38,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--libvirt-uri", default="test:///default",
                    help="any libvirt URI: test:///default simulates a host, "
                         "qemu:///system drives a real one")
-    p.add_argument("--kvm-devices", type=int, default=110,
+    p.add_argument("--kvm-devices", type=int, default=DEVICE_PLUGIN_CAPACITY,
                    help="devices.kubevirt.io/kvm this node offers")
-    p.add_argument("--tun-devices", type=int, default=110,
+    p.add_argument("--tun-devices", type=int, default=DEVICE_PLUGIN_CAPACITY,
                    help="devices.kubevirt.io/tun this node offers")
     p.add_argument("--host-cpu-model", default="",
-                   help="CPU model to label a host whose driver reports none (test driver)")
-    p.add_argument("--disk-dir", default=defaults.DISK_DIR)
+                   help="CPU model to label a host whose driver names none (default on the "
+                        f"test driver: {TEST_HOST_CPU_MODEL})")
+    p.add_argument("--disk-dir", default=defaults.DISK_DIR,
+                   help="where disk images (containerDisk, PVC, emptyDisk) are resolved")
+    p.add_argument("--rediscovery-interval", type=float, default=REDISCOVERY_INTERVAL_SECONDS,
+                   help="seconds between host discoveries; reported only on change")
     sub.add_parser("domxml", help="print the domain XML of a VMI/VM manifest (-f FILE)")
     args = parser.parse_args(argv)
     configure()
     cfg = AgentConfig(node=args.node, nats_url=args.nats_url, prefix=args.prefix,
                       libvirt_uri=args.libvirt_uri, kvm_devices=args.kvm_devices,
                       tun_devices=args.tun_devices, host_cpu_model=args.host_cpu_model,
-                      disk_dir=args.disk_dir)
+                      disk_dir=args.disk_dir, rediscovery_seconds=args.rediscovery_interval)
     asyncio.run(_serve(cfg))
     return 0
 

@@ -4,6 +4,12 @@ It never writes events. It reports what it sees (its host, each guest's phase) a
 control plane decides what that means. Work comes from the node's work-queue consumer and is
 acknowledged only after it is done and reported; launching is idempotent by domain name, so
 a redelivery after a crash finds the guest already running and launches nothing twice.
+
+At start (and when a simulated agent stop ends) it reconciles as virt-handler does: it asks
+the read service which VMIs the cluster placed on this node, reports those that ran here
+but have no domain any more as gone, and removes domains that no active VMI here owns.
+A domain that stops on its own (guest poweroff, crash) is removed once reported, so the
+VMI's replacement can take its name.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped
@@ -34,21 +41,38 @@ from events.messages import (
     SimReply,
     SimRequest,
 )
+from events.query import Answer, Query, query_subject
 from events.streams import HEARTBEAT_INTERVAL, wait_for_streams
 from events.subjects import Layout, encode_token
 from nodeagent import lifecycle
+from nodeagent.converter import defaults as converter_defaults
 from nodeagent.converter.context import hypervisor_domain_type
 from nodeagent.converter.identity import VMI_METADATA_TAG
+from nodeagent.defaults import (
+    DEVICE_PLUGIN_CAPACITY,
+    DOMAIN_MISSING_REASON,
+    QUERY_TIMEOUT_SECONDS,
+    READ_SERVICE_RETRY_SECONDS,
+    READ_SERVICE_WAIT_SECONDS,
+    REDISCOVERY_INTERVAL_SECONDS,
+    TEST_HOST_CPU_MODEL,
+)
 from nodeagent.devices import DeviceLedger
-from nodeagent.discovery import DiscoveryConfig, discover_host
+from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
 from nodeagent.domxml import render_manifest
-from nodeagent.phases import GuestPhase, Observation, phase_for
+from nodeagent.phases import GuestPhase, Observation, StopCause, phase_for
 from nodeagent.virterror import quiet_libvirt_errors
 from nodeagent.watcher import LifecycleWatcher, to_asyncio
 
 log = structlog.get_logger(__name__)
 
 FETCH_BATCH = 16
+VMI_KIND = "VirtualMachineInstance"
+FINISHED = frozenset({GuestPhase.SUCCEEDED, GuestPhase.FAILED})
+
+
+class ReadServiceUnavailable(VirtbusError):
+    """The read service did not answer (yet)."""
 
 
 class VMIRef(msgspec.Struct, frozen=True):
@@ -66,10 +90,17 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     nats_url: str
     prefix: str = "virtbus"
     libvirt_uri: str = "test:///default"
-    kvm_devices: int = 110
-    tun_devices: int = 110
+    kvm_devices: int = DEVICE_PLUGIN_CAPACITY
+    tun_devices: int = DEVICE_PLUGIN_CAPACITY
     host_cpu_model: str = ""
-    disk_dir: str = "/var/lib/virtbus/disks"
+    """'' means: libvirt's own, or `TEST_HOST_CPU_MODEL` on the test driver."""
+    disk_dir: str = converter_defaults.DISK_DIR
+    rediscovery_seconds: float = REDISCOVERY_INTERVAL_SECONDS
+    read_service_wait_seconds: float = READ_SERVICE_WAIT_SECONDS
+
+    @property
+    def simulated(self) -> bool:
+        return self.libvirt_uri.startswith(lifecycle.TEST_DRIVER_SCHEME)
 
 
 def vmi_of(dom: libvirt.virDomain) -> VMIRef | None:
@@ -87,7 +118,16 @@ class NodeAgent:
         self.log = log.bind(node=cfg.node)
         self.domains: dict[str, VMIRef] = {}
         self.silenced = asyncio.Event()
+        self.started = asyncio.Event()
+        """Set once the agent has reconciled and takes work."""
+        self.busy = asyncio.Lock()
+        """Held while a node command runs or the agent reconciles, so neither sees the
+        other half done."""
         self.nc: Client | None = None
+        self.fingerprint = ""
+        cpu_model = cfg.host_cpu_model or (TEST_HOST_CPU_MODEL if cfg.simulated else "")
+        self.discovery = DiscoveryConfig(node_name=cfg.node, kvm_devices=cfg.kvm_devices,
+                                         tun_devices=cfg.tun_devices, host_cpu_model=cpu_model)
 
     # -- start-up ----------------------------------------------------------------------
 
@@ -103,13 +143,16 @@ class NodeAgent:
         try:
             await wait_for_streams(self.nc.jetstream(), self.layout)
             await self._adopt_domains()
-            await self.report_host()
+            await self.report_host(force=True)
             sim = await self.nc.subscribe(self.layout.agent_subject(self.cfg.node, "sim"),
                                           cb=self._on_sim)
+            heartbeat = asyncio.ensure_future(self._heartbeat(stop))
+            await self.reconcile()
             self.log.info("agent started", libvirt_uri=self.cfg.libvirt_uri,
                           domains=len(self.domains))
-            await asyncio.gather(self._heartbeat(stop), self._consume(stop),
-                                 self._pump(observations, stop))
+            self.started.set()
+            await asyncio.gather(heartbeat, self._consume(stop), self._pump(observations, stop),
+                                 self._rediscover(stop))
             await sim.unsubscribe()
         finally:
             self.watcher.close()
@@ -126,11 +169,72 @@ class NodeAgent:
             state, reason = dom.state()
             phase = phase_for(state, reason)
             if phase is not None:
-                await self.report_domain(ref, phase, "found at agent start")
-        capacity = DiscoveryConfig(node_name=self.cfg.node, kvm_devices=self.cfg.kvm_devices,
-                                   tun_devices=self.cfg.tun_devices).device_capacity()
-        self.ledger = DeviceLedger.rebuild(capacity, [r.uid for r in self.domains.values()],
+                await self.report_domain(ref, phase, "found at agent start",
+                                         paused=state == libvirt.VIR_DOMAIN_PAUSED)
+        self.ledger = DeviceLedger.rebuild(self.discovery.device_capacity(),
+                                           [r.uid for r in self.domains.values()],
                                            node=self.cfg.node)
+
+    async def reconcile(self) -> None:
+        """Compare this host's domains with the VMIs the cluster placed here (see above)."""
+        async with self.busy:
+            try:
+                assigned = await self._assigned()
+            except ReadServiceUnavailable as e:
+                self.log.warning("not reconciled: the read service did not answer", error=str(e))
+                return
+            present = {ref.uid for ref in self.domains.values()}
+            for ref, phase in assigned.values():
+                if phase == GuestPhase.RUNNING and ref.uid not in present:
+                    await self.report_domain(ref, GuestPhase.FAILED, DOMAIN_MISSING_REASON,
+                                             gone=True)
+            for ref in list(self.domains.values()):
+                if ref.uid not in assigned:
+                    self.log.warning("removing a domain no active VMI here owns", vmi=ref.name,
+                                     namespace=ref.namespace, uid=ref.uid)
+                    await self._remove(ref)
+
+    async def _assigned(self) -> dict[str, tuple[VMIRef, str]]:
+        """Active VMIs placed on this node, by uid, as of the log's end when we asked."""
+        deadline = time.monotonic() + self.cfg.read_service_wait_seconds
+        while True:
+            try:
+                answer = await self._query_vmis()
+                break
+            except ReadServiceUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(READ_SERVICE_RETRY_SECONDS)  # retry backoff
+        out: dict[str, tuple[VMIRef, str]] = {}
+        for item in answer.items:
+            meta, status = item["metadata"], item.get("status", {})
+            phase = status.get("phase", "")
+            if status.get("nodeName") == self.cfg.node and phase not in FINISHED:
+                out[meta["uid"]] = (VMIRef(meta["namespace"], meta["name"], meta["uid"]), phase)
+        return out
+
+    async def _query_vmis(self) -> Answer:
+        assert self.nc is not None
+        info = await self.nc.jetstream().stream_info(self.layout.events_stream)
+        query = Query(kind=VMI_KIND, after=info.state.last_seq)
+        try:
+            reply = await self.nc.request(query_subject(self.layout),
+                                          msgspec.msgpack.encode(query),
+                                          timeout=QUERY_TIMEOUT_SECONDS)
+        except (NoRespondersError, TimeoutError) as e:
+            raise ReadServiceUnavailable(f"{type(e).__name__}: {e}") from e
+        answer = msgspec.msgpack.decode(reply.data, type=Answer)
+        if answer.error:
+            raise ReadServiceUnavailable(answer.error)
+        return answer
+
+    async def _remove(self, ref: VMIRef) -> lifecycle.StopOutcome:
+        """Destroy (if it still runs) and undefine a domain, and forget it."""
+        outcome = await asyncio.to_thread(lifecycle.graceful_stop, self.conn, ref.domain, 0,
+                                          self.watcher)
+        self.ledger.release(ref.uid)
+        self.domains.pop(ref.domain, None)
+        return outcome
 
     # -- reports -----------------------------------------------------------------------
 
@@ -141,25 +245,33 @@ class NodeAgent:
         await self.nc.jetstream().publish(subject, msgspec.msgpack.encode(report),
                                           headers={"Nats-Msg-Id": report.id})
 
-    async def report_host(self) -> None:
-        cfg = DiscoveryConfig(node_name=self.cfg.node, kvm_devices=self.cfg.kvm_devices,
-                              tun_devices=self.cfg.tun_devices,
-                              host_cpu_model=self.cfg.host_cpu_model)
-        info = await asyncio.to_thread(discover_host, self.conn, cfg)
+    async def report_host(self, *, force: bool = False) -> None:
+        """Discover the host; report it when it changed since the last report, or `force`."""
+        info = await asyncio.to_thread(discover_host, self.conn, self.discovery)
         info = msgspec.structs.replace(info, hostname=socket.gethostname())
+        fingerprint = host_fingerprint(info)
+        if fingerprint == self.fingerprint and not force:
+            return
+        self.fingerprint = fingerprint
         await self._report(NodeReport(id=str(uuid.uuid4()), node=self.cfg.node, kind="node",
                                       info=msgspec.to_builtins(info)))
 
-    async def report_domain(self, ref: VMIRef, phase: str, reason: str = "",
-                            gone: bool = False) -> None:
+    async def report_domain(self, ref: VMIRef, phase: str, reason: str = "", *,
+                            gone: bool = False, paused: bool = False) -> None:
         obs = DomainObservation(namespace=ref.namespace, name=ref.name, uid=ref.uid,
-                                phase=phase, reason=reason, gone=gone)
+                                phase=phase, reason=reason, gone=gone, paused=paused)
         self.log.info("observed", vmi=ref.name, namespace=ref.namespace, phase=phase,
-                      gone=gone, reason=reason)
+                      gone=gone, paused=paused, reason=reason)
         await self._report(NodeReport(id=str(uuid.uuid4()), node=self.cfg.node, kind="domain",
                                       domain=obs))
 
     # -- loops -------------------------------------------------------------------------
+
+    async def _rediscover(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await pause_unless_stopped(stop, self.cfg.rediscovery_seconds)
+            if not stop.is_set() and not self.silenced.is_set():
+                await self.report_host()
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
         assert self.nc is not None
@@ -194,12 +306,12 @@ class NodeAgent:
         bound = self.log.bind(vmi=ref.name, namespace=ref.namespace, verb=command.verb,
                               event_id=command.event_id)
         try:
-            async with claimed(msg):
+            async with claimed(msg), self.busy:
                 await self.execute(command, ref)
         except (VirtbusError, libvirt.libvirtError) as e:
             bound.warning("node command failed", error=str(e))
             if command.verb == "launch":
-                await self.report_domain(ref, "Failed", f"launch failed: {e}")
+                await self.report_domain(ref, GuestPhase.FAILED, f"launch failed: {e}")
         await msg.ack()
 
     async def execute(self, command: NodeCommand, ref: VMIRef) -> None:
@@ -207,11 +319,13 @@ class NodeAgent:
             case "launch":
                 await self._launch(command, ref)
             case "stop":
-                await asyncio.to_thread(lifecycle.graceful_stop, self.conn, ref.domain,
-                                        command.grace_period_seconds, self.watcher)
+                outcome = await asyncio.to_thread(lifecycle.graceful_stop, self.conn,
+                                                  ref.domain, command.grace_period_seconds,
+                                                  self.watcher)
                 self.ledger.release(ref.uid)
                 self.domains.pop(ref.domain, None)
-                await self.report_domain(ref, "Succeeded", "stopped on request", gone=True)
+                await self.report_domain(ref, GuestPhase.SUCCEEDED,
+                                         f"stopped on request ({outcome})", gone=True)
             case "pause":
                 await asyncio.to_thread(lifecycle.pause, self.conn, ref.domain)
             case "unpause":
@@ -230,7 +344,7 @@ class NodeAgent:
                                       if k in self.ledger.available()})
         self.domains[ref.domain] = ref
         await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml)
-        await self.report_domain(ref, "Running", "launched")
+        await self.report_domain(ref, GuestPhase.RUNNING, "launched")
 
     async def _pump(self, observations: asyncio.Queue[Observation], stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -240,11 +354,14 @@ class NodeAgent:
                 continue
             ref = self.domains.get(obs.name)
             phase = obs.phase
-            if ref is None or phase is None:
-                continue
-            if phase is not GuestPhase.RUNNING:
-                self.ledger.release(ref.uid)
-            await self.report_domain(ref, str(phase), str(obs.cause or ""))
+            if ref is None or phase is None or obs.cause is StopCause.REQUESTED:
+                continue  # not ours, no change, or a stop whose command reports it
+            reason = str(obs.cause or "")
+            if phase is GuestPhase.RUNNING:
+                await self.report_domain(ref, phase, reason, paused=obs.paused)
+            else:
+                await self._remove(ref)
+                await self.report_domain(ref, phase, reason, gone=True)
 
     # -- simulation --------------------------------------------------------------------
 
@@ -284,4 +401,5 @@ class NodeAgent:
                 self.silenced.set()
             case "agent-start":
                 self.silenced.clear()
-                await self.report_host()
+                await self.report_host(force=True)
+                await self.reconcile()

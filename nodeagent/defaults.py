@@ -11,3 +11,13 @@ MAX_PODS: Final = 110
 """Kubernetes' default pods per node, which the device count mirrors."""
 HUGEPAGE_SIZES_KIB: Final = (2048, 1048576)
 """x86 hugepage sizes reported as `hugepages-2Mi` / `hugepages-1Gi`, zero when none exist."""
+TEST_HOST_CPU_MODEL: Final = "Haswell-noTSX"
+"""The CPU a test-driver host reports, so its node carries CPU model and feature labels (the
+test driver names no CPU of its own); `--host-cpu-model` overrides it."""
+REDISCOVERY_INTERVAL_SECONDS: Final = 60.0
+"""How often the agent looks at its host again; it reports only when the fingerprint changed."""
+READ_SERVICE_WAIT_SECONDS: Final = 30.0
+"""How long a starting agent waits for the read service to say which VMIs are its own."""
+READ_SERVICE_RETRY_SECONDS: Final = 0.5
+QUERY_TIMEOUT_SECONDS: Final = 15.0
+DOMAIN_MISSING_REASON: Final = "domain missing after agent restart"

@@ -50,6 +50,13 @@ class Observation(NamedTuple):
         state = event_state(self.event, self.detail)
         return None if state is None else phase_for(*state, self.cause)
 
+    @property
+    def paused(self) -> bool:
+        """The event leaves the guest's vCPUs suspended (still Running, with KubeVirt's
+        Paused condition)."""
+        state = event_state(self.event, self.detail)
+        return state is not None and state[0] == libvirt.VIR_DOMAIN_PAUSED
+
 
 def event_state(event: int, detail: int) -> tuple[int, int] | None:
     """The (state, reason) a lifecycle event leaves; None for define/undefine.
