@@ -27,6 +27,7 @@ from events.api.manifest import parse_documents
 from events.errors import InvalidSpec, NotFound
 from events.logs import configure
 from events.messages import SimReply, SimRequest
+from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY
 from projections.query import resolve_kind
 
 Handler = Callable[[argparse.Namespace, Client], Coroutine[Any, Any, int]]
@@ -65,6 +66,8 @@ def _row(kind: str, obj: dict[str, Any]) -> list[str]:
             ready = status.get("phase") == "Running"
             return [meta["name"], age, status.get("phase", ""), status.get("nodeName", ""),
                     str(ready)]
+        case kind if kind in HCO_KINDS:
+            return [meta["name"], age]
         case _:
             ready = status.get("conditions", [{}])[0].get("status") == "True"
             return [meta["name"], "Ready" if ready else "NotReady", age]
@@ -74,6 +77,7 @@ HEADERS = {
     "VirtualMachine": ["NAME", "AGE", "STATUS", "READY"],
     "VirtualMachineInstance": ["NAME", "AGE", "PHASE", "NODENAME", "READY"],
     "Node": ["NAME", "STATUS", "AGE"],
+    **{kind: ["NAME", "AGE"] for kind in HCO_KINDS},
 }
 
 
@@ -188,6 +192,59 @@ async def cmd_history(args: argparse.Namespace, vb: Client) -> int:
     return 0
 
 
+async def cmd_patch(args: argparse.Namespace, vb: Client) -> int:
+    kind = resolve_kind(args.kind)
+    try:
+        patch = json.loads(args.patch)
+    except json.JSONDecodeError as e:
+        raise InvalidSpec("--patch", f"must be JSON: {e.msg}") from None
+    if (args.type == "json") != isinstance(patch, list):
+        raise InvalidSpec("--patch", "--type=json takes a list of operations, --type=merge "
+                                     "an object")
+    outcome = await vb.patch(kind, args.namespace, args.name, patch)
+    print(f"{kind.lower()}/{args.name} {'patched' if outcome.sequences else 'unchanged'}")
+    return 0
+
+
+async def cmd_annotate(args: argparse.Namespace, vb: Client) -> int:
+    """`key=value` sets (with --overwrite if set already), `key-` removes."""
+    kind = resolve_kind(args.kind)
+    current = (await vb.get(kind, args.namespace, args.name))["metadata"].get("annotations", {})
+    changes: dict[str, str | None] = {}
+    for item in args.annotations:
+        key, sep, value = item.partition("=")
+        if sep:
+            if key in current and current[key] != value and not args.overwrite:
+                raise InvalidSpec(key, "is already set; pass --overwrite to replace it")
+            changes[key] = value
+        elif key.endswith("-"):
+            changes[key[:-1]] = None
+        else:
+            raise InvalidSpec(item, "must be key=value, or key- to remove")
+    await vb.patch(kind, args.namespace, args.name, {"metadata": {"annotations": changes}})
+    print(f"{kind.lower()}/{args.name} annotated")
+    return 0
+
+
+async def cmd_metrics(_args: argparse.Namespace, vb: Client) -> int:
+    [exposition] = await vb.query(METRICS_QUERY)
+    print(exposition["text"], end="")
+    return 0
+
+
+async def cmd_alerts(_args: argparse.Namespace, vb: Client) -> int:
+    alerts = await vb.query(ALERTS_QUERY)
+    if not alerts:
+        print("No alerts firing.")
+        return 0
+    rows = [["ALERT", "SEVERITY", "LABELS", "SINCE"]]
+    for a in alerts:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(a["labels"].items()))
+        rows.append([a["name"], a["severity"], labels, a["activeSince"]])
+    print(table(rows))
+    return 0
+
+
 async def cmd_sim(args: argparse.Namespace, vb: Client) -> int:
     if args.action in ("agent-stop", "agent-start"):
         node, request = args.target, SimRequest(action=args.action)
@@ -227,6 +284,7 @@ def parser() -> argparse.ArgumentParser:
 
     _writers(sub)
     _readers(sub)
+    _cluster_configuration(sub)
     _watchers(sub)
 
     x = sub.add_parser("domxml", help="print the libvirt domain XML of a VM/VMI manifest")
@@ -285,6 +343,30 @@ def _readers(sub: Subparsers) -> None:
         s.add_argument("name")
         ns(s)
         s.set_defaults(run=_act(verb, message))
+
+
+def _cluster_configuration(sub: Subparsers) -> None:
+    ns = _namespace
+    p = sub.add_parser("patch", help="change an object with a JSON or merge patch")
+    p.add_argument("kind")
+    p.add_argument("name")
+    p.add_argument("--type", choices=["json", "merge"], default="merge")
+    p.add_argument("-p", "--patch", required=True)
+    ns(p)
+    p.set_defaults(run=cmd_patch)
+
+    a = sub.add_parser("annotate", help="set (key=value) or remove (key-) annotations")
+    a.add_argument("kind")
+    a.add_argument("name")
+    a.add_argument("annotations", nargs="+")
+    a.add_argument("--overwrite", action="store_true")
+    ns(a)
+    a.set_defaults(run=cmd_annotate)
+
+    sub.add_parser("metrics", help="the Prometheus exposition, from the log").set_defaults(
+        run=cmd_metrics)
+    sub.add_parser("alerts", help="alerts firing now, with labels and since-when").set_defaults(
+        run=cmd_alerts)
 
 
 def _watchers(sub: Subparsers) -> None:

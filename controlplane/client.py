@@ -22,20 +22,26 @@ import msgspec
 from nats.aio.client import Client as Nats
 
 from controlplane.defaults import COMMAND_AWAIT_TIMEOUT_SECONDS
+from events.api.hco_defaults import KIND as HCO_API_KIND
 from events.api.manifest import decode_object
 from events.codec import Event
 from events.connect import connect
 from events.directget import read_all, sequence
 from events.errors import InvalidSpec, NotFound
+from events.hco import HCO_KIND, OPERAND_TOKENS
 from events.messages import Command, Outcome
 from events.query import Answer, Query, query_subject
 from events.subjects import Layout, aggregate_id, encode_token
 from projections.cluster import ClusterState, render_node, render_vm, render_vmi
 from projections.follower import decode_msg, follow, start_sequence_at
+from projections.hco import render_view as render_hco_view
 from projections.service import render
 from projections.views import NodeView, View, VirtualMachineInstanceView, VirtualMachineView
 
-KIND_TOKENS = {"VirtualMachine": "vm", "VirtualMachineInstance": "vmi", "Node": "node"}
+KIND_TOKENS = {"VirtualMachine": "vm", "VirtualMachineInstance": "vmi", "Node": "node",
+               HCO_API_KIND: HCO_KIND, **OPERAND_TOKENS}
+CLUSTER_SCOPED = frozenset({"Node", HCO_API_KIND, *OPERAND_TOKENS})
+"""Kinds whose aggregates are cluster-scoped: their namespace is not part of the id."""
 
 
 class CommandRejected(Exception):
@@ -65,6 +71,19 @@ class HistoryEntry(msgspec.Struct, frozen=True):
 
 async def _quiet(_error: Exception) -> None:
     """Connection errors surface as exceptions from `connect`; don't also print them."""
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: mappings merge recursively, `null` removes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge_patch(merged.get(key), value)
+    return merged
 
 
 def default_actor() -> str:
@@ -142,6 +161,23 @@ class Client:
     async def act(self, kind: str, verb: str, namespace: str, name: str,
                   **fields: Any) -> Outcome:
         return await self.run(self.command(kind, verb, namespace, name, **fields))
+
+    async def patch(self, kind: str, namespace: str, name: str,
+                    patch: list[dict[str, Any]] | dict[str, Any]) -> Outcome:
+        """kubectl patch, client side: the object as read, an RFC 6902 patch (a list) or an
+        RFC 7386 merge patch (a mapping) applied to its metadata and spec, then `apply`."""
+        obj = await self.get(kind, namespace, name)
+        meta = obj["metadata"]
+        current = {"apiVersion": obj["apiVersion"], "kind": obj["kind"],
+                   "metadata": {key: meta[key] for key in ("name", "namespace", "labels",
+                                                          "annotations") if key in meta},
+                   "spec": obj.get("spec", {})}
+        if isinstance(patch, list):
+            patched: dict[str, Any] = jsonpatch.apply_patch(current, patch)
+        else:
+            patched = merge_patch(current, patch)
+        [outcome] = await self.apply(patched)
+        return outcome
 
     # -- reads -------------------------------------------------------------------------
 
@@ -234,13 +270,13 @@ class Client:
             case NodeView():
                 name = view.id.split(".", 2)[2]
                 return render_node(view, state.node_usage(name))
-        return None
+        return render_hco_view(state, view)
 
     async def history(self, kind: str, namespace: str, name: str) -> list[HistoryEntry]:
         """Every event of one object, with who caused it and what changed (a JSON Patch of
         the object before and after)."""
         token = KIND_TOKENS[kind]
-        agg = aggregate_id(token, namespace if kind != "Node" else "", name)
+        agg = aggregate_id(token, "" if kind in CLUSTER_SCOPED else namespace, name)
         msgs = await read_all(self.nc, self.layout.events_stream,
                               self.layout.aggregate_subject(agg))
         if not msgs:

@@ -14,6 +14,7 @@ from nats.aio.client import Client
 
 from controlplane.controllers import Controller
 from controlplane.controllers.dispatcher import Dispatcher
+from controlplane.controllers.hco import HCOController
 from controlplane.controllers.nodelifecycle import NodeLifecycle
 from controlplane.controllers.scheduler import Scheduler
 from controlplane.controllers.vm import VMController
@@ -36,7 +37,7 @@ class ControlLoop:
         self.layout = layout
         self.writer = writer
         self.state = ClusterState()
-        self.controllers: list[Controller] = [VMController(), Scheduler()]
+        self.controllers: list[Controller] = [VMController(), Scheduler(), HCOController()]
         self.dispatcher = Dispatcher(nc, layout)
         self.lifecycle = NodeLifecycle(nc, layout, node_grace_seconds)
         self.live = asyncio.Event()

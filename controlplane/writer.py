@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
+import controlplane.hco_commands
 import controlplane.node_commands
 import controlplane.vm_commands
 import controlplane.vmi_commands
@@ -14,7 +15,7 @@ from events.messages import Command
 from events.subjects import Layout
 
 HANDLER_MODULES = (controlplane.vm_commands, controlplane.vmi_commands,
-                   controlplane.node_commands)
+                   controlplane.node_commands, controlplane.hco_commands)
 """Imported for their `@handles` registrations."""
 
 

@@ -13,6 +13,7 @@ from events.codec import Event
 from events.nodes import NODE_KIND
 from events.subjects import aggregate_id, split_aggregate_id
 from events.vm import VM_KIND, VMI_KIND
+from projections.hco import HCO_VIEW_KINDS
 from projections.views import (
     NodeView,
     View,
@@ -28,6 +29,7 @@ VIEW_KINDS: dict[str, type[View]] = {
     VM_KIND: VirtualMachineView,
     VMI_KIND: VirtualMachineInstanceView,
     NODE_KIND: NodeView,
+    **HCO_VIEW_KINDS,
 }
 
 

@@ -12,6 +12,11 @@ KINDS: Final = {
     "VirtualMachineInstance": ("vmi", "vmis", "virtualmachineinstance",
                                "virtualmachineinstances"),
     "Node": ("node", "nodes", "no"),
+    "HyperConverged": ("hco", "hcos", "hyperconverged", "hyperconvergeds"),
+    "KubeVirt": ("kubevirt", "kubevirts", "kv", "kvs"),
+    "CDI": ("cdi", "cdis"),
+    "NetworkAddonsConfig": ("networkaddonsconfig", "networkaddonsconfigs"),
+    "SSP": ("ssp", "ssps"),
 }
 """Kinds the read side serves, with the short names kubectl users type."""
 

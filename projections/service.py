@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -18,6 +19,7 @@ from events.streams import wait_for_streams
 from events.subjects import Layout
 from projections.cluster import ClusterState, render_node, render_vm, render_vmi
 from projections.follower import follow
+from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY, answer
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +46,10 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
                 obj = render_node(node, state.node_usage(name))
                 if not query.name or obj["metadata"]["name"] == query.name:
                     out.append(obj)
+        case kind if kind in HCO_KINDS:
+            out = answer(state, kind, query.name, datetime.now(UTC))
+        case kind if kind in (METRICS_QUERY, ALERTS_QUERY):
+            return answer(state, kind, query.name, datetime.now(UTC))
     return sorted(out, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
 
 

@@ -1,7 +1,7 @@
 """What every operand should look like, and where an observed operand differs from it.
 
-`drift` compares the fields HCO owns (`spec` and HCO's labels); anything else on the
-observed object (status, extra labels, server-set metadata) is not HCO's and never drift.
+`drift` compares the fields HCO owns (`spec`, HCO's labels and annotations); anything else
+on the observed object (status, extra labels, server-set metadata) is not HCO's and never drift.
 A non-empty drift on an operand HCO did not just write is an out-of-band modification: the
 controller reverts it and counts it.
 """
@@ -51,13 +51,14 @@ def desired_operands(hco: HyperConverged, *, cluster: ClusterInfo | None = None)
 def drift(desired: JSON, actual: JSON) -> list[str]:
     """JSON pointers of the HCO-owned fields where `actual` differs from `desired`."""
     changed = _diff(desired.get("spec", {}), actual.get("spec", {}), "/spec")
-    want_labels: Mapping[str, str] = desired.get("metadata", {}).get("labels", {})
-    have_labels: Mapping[str, str] = actual.get("metadata", {}).get("labels", {})
-    changed.extend(
-        "/metadata/labels/" + _escape(key)
-        for key, value in want_labels.items()
-        if have_labels.get(key) != value
-    )
+    for part in ("labels", "annotations"):
+        want: Mapping[str, str] = desired.get("metadata", {}).get(part, {})
+        have: Mapping[str, str] = actual.get("metadata", {}).get(part, {})
+        changed.extend(
+            f"/metadata/{part}/{_escape(key)}"
+            for key, value in want.items()
+            if have.get(key) != value
+        )
     return changed
 
 

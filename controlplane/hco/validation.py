@@ -20,8 +20,7 @@ import re
 from datetime import timedelta
 from typing import Literal
 
-from controlplane.hco import tuning
-from controlplane.hco.desired import desired_operands
+from controlplane.hco import jsonpatch, tuning
 from controlplane.hco.duration import parse_go_duration
 from events.api import hco_defaults as d
 from events.api.hco import HyperConverged, HyperConvergedSpec
@@ -160,7 +159,11 @@ def _is_ipv4(text: str) -> bool:
 
 
 def _validate_jsonpatch(hco: HyperConverged) -> None:
-    failures = desired_operands(hco).failures
-    if failures:
-        failure = failures[0]
-        raise InvalidSpec(f"metadata.annotations[{failure.annotation}]", failure.reason)
+    """Refuse an annotation that is not an RFC 6902 patch of `/spec`. A well-formed patch
+    that does not apply is accepted: the controller reports it on the conditions and leaves
+    the operand as it was, as HCO does."""
+    annotations = hco.metadata.annotations
+    for name in jsonpatch.present(annotations):
+        patch = jsonpatch.parse(name, annotations[name])
+        if isinstance(patch, jsonpatch.PatchFailure):
+            raise InvalidSpec(f"metadata.annotations[{name}]", patch.reason)

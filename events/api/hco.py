@@ -9,12 +9,13 @@ Fields whose Go JSON name is not plain camelCase (`vmiCPUAllocationRatio`, `minC
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from events.api import hco_defaults as d
 from events.api.base import ApiStruct, ObjectMeta
+from events.api.manifest import register_kind
 
 UninstallStrategy = Literal["BlockUninstallIfWorkloadsExist", "RemoveWorkloads"]
 EvictionStrategy = Literal["None", "LiveMigrate", "LiveMigrateIfPossible", "External"]
@@ -331,3 +332,19 @@ class HyperConverged(ApiStruct, omit_defaults=False):
     metadata: ObjectMeta = msgspec.field(default_factory=_default_metadata)
     spec: HyperConvergedSpec = msgspec.field(default_factory=HyperConvergedSpec)
     status: HyperConvergedStatus = msgspec.field(default_factory=HyperConvergedStatus)
+
+
+class OperandObject(ApiStruct):
+    """An operand CR (KubeVirt, CDI, ...) as anyone may write it: HCO derives and owns its
+    `spec`, which stays the free-form JSON of the operand's own API."""
+
+    api_version: str
+    kind: str
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: dict[str, Any] = {}
+    status: dict[str, Any] = {}
+
+
+register_kind(d.KIND, d.API_VERSION, HyperConverged)
+for _kind, _api_version in d.OPERAND_API_VERSIONS.items():
+    register_kind(_kind, _api_version, OperandObject)

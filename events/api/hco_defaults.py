@@ -14,6 +14,14 @@ KIND: Final = "HyperConverged"
 DEFAULT_NAME: Final = "kubevirt-hyperconverged"
 DEFAULT_NAMESPACE: Final = "kubevirt-hyperconverged"
 
+# The operand CRs HCO writes, one of each, by kind
+OPERAND_API_VERSIONS: Final = {
+    "KubeVirt": "kubevirt.io/v1",
+    "CDI": "cdi.kubevirt.io/v1beta1",
+    "NetworkAddonsConfig": "networkaddonsoperator.network.kubevirt.io/v1",
+    "SSP": "ssp.kubevirt.io/v1beta2",
+}
+
 # featureGates (seed: "Default: ..." under each gate)
 DOWNWARD_METRICS: Final = False
 ENABLE_COMMON_BOOT_IMAGE_IMPORT: Final = True

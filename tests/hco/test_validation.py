@@ -199,7 +199,22 @@ def test_misc_field_rules() -> None:
     )
 
 
-def test_broken_jsonpatch_annotation_is_refused() -> None:
+def test_malformed_jsonpatch_annotation_is_refused() -> None:
+    hco = load(
+        """
+metadata:
+  annotations:
+    containerizeddataimporter.kubevirt.io/jsonpatch: '[{"op": "add", "path": "/status/x"}]'
+"""
+    )
+    refuse(
+        hco,
+        "metadata.annotations[containerizeddataimporter.kubevirt.io/jsonpatch]",
+        "outside /spec",
+    )
+
+
+def test_jsonpatch_that_does_not_apply_is_admitted_for_the_controller_to_report() -> None:
     hco = load(
         """
 metadata:
@@ -207,11 +222,7 @@ metadata:
     containerizeddataimporter.kubevirt.io/jsonpatch: '[{"op": "remove", "path": "/spec/nope"}]'
 """
     )
-    refuse(
-        hco,
-        "metadata.annotations[containerizeddataimporter.kubevirt.io/jsonpatch]",
-        "does not apply",
-    )
+    validate_hco(hco, vms_exist=False, previous=None)
 
 
 def test_uninstall_blocked_while_vms_exist() -> None:

@@ -62,7 +62,7 @@ def _spec(hco: HyperConverged, _cluster: ClusterInfo) -> JSON:
 
 CDI = Operand(
     kind="CDI",
-    api_version="cdi.kubevirt.io/v1beta1",
+    api_version=d.OPERAND_API_VERSIONS["CDI"],
     component="storage",
     jsonpatch_annotation=d.CDI_JSONPATCH_ANNOTATION,
     name=lambda hco: f"cdi-{hco.metadata.name}",

@@ -67,7 +67,7 @@ def _spec(hco: HyperConverged, cluster: ClusterInfo) -> JSON:
 
 CNA = Operand(
     kind="NetworkAddonsConfig",
-    api_version="networkaddonsoperator.network.kubevirt.io/v1",
+    api_version=d.OPERAND_API_VERSIONS["NetworkAddonsConfig"],
     component="network",
     jsonpatch_annotation=d.CNAO_JSONPATCH_ANNOTATION,
     name=lambda _hco: NAME,

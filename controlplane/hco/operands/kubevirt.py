@@ -240,7 +240,7 @@ def _annotations(hco: HyperConverged) -> dict[str, str]:
 
 KUBEVIRT = Operand(
     kind="KubeVirt",
-    api_version="kubevirt.io/v1",
+    api_version=d.OPERAND_API_VERSIONS["KubeVirt"],
     component="compute",
     jsonpatch_annotation=d.KUBEVIRT_JSONPATCH_ANNOTATION,
     name=lambda hco: f"kubevirt-{hco.metadata.name}",

@@ -74,7 +74,7 @@ def _spec(hco: HyperConverged, cluster: ClusterInfo) -> JSON:
 
 SSP = Operand(
     kind="SSP",
-    api_version="ssp.kubevirt.io/v1beta2",
+    api_version=d.OPERAND_API_VERSIONS["SSP"],
     component="schedule",
     jsonpatch_annotation=d.SSP_JSONPATCH_ANNOTATION,
     name=lambda hco: f"ssp-{hco.metadata.name}",

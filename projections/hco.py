@@ -1,0 +1,256 @@
+"""The HyperConverged and its operand CRs as read models, and HCO's metrics and alerts.
+
+The write side decides on these views and the read side renders them. Metrics are folded
+from what the views keep (every revert, every change of the jsonpatch annotations, with
+the event's own time), so a replay of the log gives the same counters and alerts.
+
+`effective_kubevirt(state)` is the KubeVirt CR as HCO last wrote it: the cluster
+configuration every other controller reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from events.api import hco_defaults as d
+from events.api.base import ObjectMeta
+from events.api.hco import Condition, HyperConvergedSpec
+from events.codec import Event
+from events.hco import (
+    HCO_KIND,
+    OPERAND_TOKENS,
+    HyperConvergedCreated,
+    HyperConvergedDeleted,
+    HyperConvergedStatusChanged,
+    HyperConvergedUpdated,
+    JsonPatchFailure,
+    OperandApplied,
+    OperandDeleted,
+    OperandModified,
+    OperandReverted,
+    hco_id,
+)
+from projections.hco_metrics import Alert, HcoMetrics
+from projections.views import View, iso, object_meta
+
+if TYPE_CHECKING:
+    from projections.cluster import ClusterState
+
+
+class HyperConvergedView(View):
+    def __init__(self, aggregate_id: str) -> None:
+        super().__init__(aggregate_id)
+        self.uid = ""
+        self.metadata = ObjectMeta()
+        self.spec = HyperConvergedSpec()
+        self.generation = 0
+        self.conditions: list[Condition] = []
+        self.observed_generation = 0
+        self.system_health_status = ""
+        self.patch_failures: list[JsonPatchFailure] = []
+        self.unsafe_history: list[tuple[dict[str, int], datetime]] = []
+        """Every change of the jsonpatch annotations' operation counts, for the metrics."""
+
+    def mutate(self, event: Event) -> None:
+        match event:
+            case HyperConvergedCreated(uid=uid, metadata=meta, spec=spec, unsafe_modifications=u):
+                self.exists, self.uid, self.metadata, self.spec = True, uid, meta, spec
+                self.created_at, self.generation = event.timestamp, 1
+                self.conditions, self.observed_generation, self.patch_failures = [], 0, []
+                self._unsafe(u, event.timestamp)
+            case HyperConvergedUpdated(metadata=meta, spec=spec, generation=gen,
+                                       unsafe_modifications=u):
+                self.metadata, self.spec, self.generation = meta, spec, gen
+                self._unsafe(u, event.timestamp)
+            case HyperConvergedStatusChanged(conditions=conditions, observed_generation=gen,
+                                             system_health_status=health,
+                                             patch_failures=failures):
+                self.conditions, self.observed_generation = conditions, gen
+                self.system_health_status, self.patch_failures = health, failures
+            case HyperConvergedDeleted():
+                self.exists = False
+                self._unsafe({}, event.timestamp)
+
+    def _unsafe(self, counts: dict[str, int], at: datetime) -> None:
+        if not self.unsafe_history or self.unsafe_history[-1][0] != counts:
+            self.unsafe_history.append((counts, at))
+
+
+class OperandView(View):
+    def __init__(self, aggregate_id: str) -> None:
+        super().__init__(aggregate_id)
+        self.kind = ""
+        self.object: dict[str, Any] = {}
+        self.out_of_band = False
+        """The newest write was not HCO's: the controller is to revert what drifted."""
+        self.reverts: list[tuple[str, datetime]] = []
+        """(component name, when) of every revert, for the metrics."""
+
+    def mutate(self, event: Event) -> None:
+        match event:
+            case OperandApplied(kind=kind, object=obj):
+                if not self.exists:
+                    self.created_at = event.timestamp
+                self.exists, self.kind, self.object, self.out_of_band = True, kind, obj, False
+            case OperandModified(object=obj):
+                self.object, self.out_of_band = obj, True
+            case OperandReverted(object=obj, component=component):
+                self.object, self.out_of_band = obj, False
+                self.reverts.append((component, event.timestamp))
+            case OperandDeleted():
+                self.exists, self.out_of_band = False, False
+
+
+HCO_VIEW_KINDS: dict[str, type[View]] = {
+    HCO_KIND: HyperConvergedView,
+    **dict.fromkeys(OPERAND_TOKENS.values(), OperandView),
+}
+"""Aggregate-id tokens -> views, merged into `projections.cluster.VIEW_KINDS`."""
+
+
+# -- accessors -------------------------------------------------------------------------------
+
+
+def hyperconverged(state: ClusterState) -> HyperConvergedView | None:
+    view = state.views.get(hco_id())
+    return view if isinstance(view, HyperConvergedView) and view.exists else None
+
+
+def operands(state: ClusterState, *, deleted: bool = False) -> Iterator[OperandView]:
+    for view in state.views.values():
+        if isinstance(view, OperandView) and (view.exists or deleted):
+            yield view
+
+
+def operand(state: ClusterState, kind: str) -> OperandView | None:
+    return next((v for v in operands(state) if v.kind == kind), None)
+
+
+def effective_kubevirt(state: ClusterState) -> dict[str, Any] | None:
+    """The KubeVirt CR as HCO last wrote it (or as reverted); None before HCO wrote one."""
+    view = operand(state, "KubeVirt")
+    return view.object if view is not None else None
+
+
+def default_cpu_model(state: ClusterState) -> str:
+    """`spec.configuration.cpuModel` of the effective KubeVirt ("" when unset)."""
+    kubevirt = effective_kubevirt(state) or {}
+    model: str = kubevirt.get("spec", {}).get("configuration", {}).get("cpuModel", "")
+    return model
+
+
+def metrics(state: ClusterState) -> HcoMetrics:
+    """HCO's metrics, folded from the views in event-time order per series."""
+    folded = HcoMetrics()
+    for view in operands(state, deleted=True):
+        for component, at in view.reverts:
+            folded.on_revert(component, at)
+    hco = state.views.get(hco_id())
+    if isinstance(hco, HyperConvergedView):
+        for counts, at in hco.unsafe_history:
+            folded.on_annotations(counts, at)
+    return folded
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+def with_defaults(value: Any) -> Any:
+    """An API struct as JSON with every defaulted field written out (unset pointers left out),
+    as the API server shows an object after defaulting."""
+    if isinstance(value, ObjectMeta):
+        return msgspec.to_builtins(value)
+    if isinstance(value, msgspec.Struct):
+        out = {}
+        for f in msgspec.structs.fields(value):
+            item = getattr(value, f.name)
+            if item is not None:
+                out[f.encode_name] = with_defaults(item)
+        return out
+    if isinstance(value, dict):
+        return {key: with_defaults(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [with_defaults(item) for item in value]
+    return value
+
+
+def render_hco(hco: HyperConvergedView, related: list[OperandView]) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "conditions": [msgspec.to_builtins(c) for c in hco.conditions],
+        "observedGeneration": hco.observed_generation,
+        "systemHealthStatus": hco.system_health_status,
+        "relatedObjects": [_reference(v) for v in sorted(related, key=lambda v: v.id)],
+    }
+    if hco.patch_failures:
+        status["jsonPatchFailures"] = [msgspec.to_builtins(f) for f in hco.patch_failures]
+    return {
+        "apiVersion": d.API_VERSION,
+        "kind": d.KIND,
+        "metadata": object_meta(hco, hco.metadata, hco.uid, hco.generation),
+        "spec": with_defaults(hco.spec),
+        "status": status,
+    }
+
+
+def _reference(view: OperandView) -> dict[str, Any]:
+    meta = view.object.get("metadata", {})
+    ref = {"apiVersion": view.object.get("apiVersion", ""), "kind": view.kind,
+           "name": meta.get("name", ""), "resourceVersion": str(view.last_sequence)}
+    if meta.get("namespace"):
+        ref["namespace"] = meta["namespace"]
+    return ref
+
+
+def render_operand(view: OperandView) -> dict[str, Any]:
+    obj = dict(view.object)
+    obj["metadata"] = {**obj.get("metadata", {}), "resourceVersion": str(view.last_sequence),
+                       "creationTimestamp": iso(view.created_at)}
+    return obj
+
+
+def render_view(state: ClusterState, view: View) -> dict[str, Any] | None:
+    """A HyperConverged or operand view in its API shape; None for other views."""
+    match view:
+        case HyperConvergedView():
+            return render_hco(view, list(operands(state)))
+        case OperandView():
+            return render_operand(view)
+    return None
+
+
+def render_kind(state: ClusterState, kind: str) -> list[dict[str, Any]]:
+    """Every object of an HCO kind (one per cluster)."""
+    if kind == d.KIND:
+        hco = hyperconverged(state)
+        return [render_hco(hco, list(operands(state)))] if hco is not None else []
+    view = operand(state, kind)
+    return [render_operand(view)] if view is not None else []
+
+
+def render_alert(alert: Alert) -> dict[str, Any]:
+    return {"name": alert.name, "severity": alert.severity, "labels": alert.labels,
+            "activeSince": iso(alert.active_since)}
+
+
+HCO_KINDS: tuple[str, ...] = (d.KIND, *d.OPERAND_API_VERSIONS)
+METRICS_QUERY = "Metrics"
+"""Query kind answered with the Prometheus exposition (one item, `text`)."""
+ALERTS_QUERY = "Alerts"
+"""Query kind answered with the alerts firing at query time."""
+
+
+def answer(state: ClusterState, kind: str, name: str, now: datetime) -> list[dict[str, Any]]:
+    """The read service's answer for an HCO kind, `Metrics` or `Alerts`. Counters come from
+    the log alone; only whether an alert still fires depends on `now`."""
+    match kind:
+        case "Metrics":
+            return [{"text": metrics(state).exposition().decode()}]
+        case "Alerts":
+            return [render_alert(alert) for alert in metrics(state).alerts(now)]
+        case _:
+            return [o for o in render_kind(state, kind)
+                    if not name or o["metadata"]["name"] == name]

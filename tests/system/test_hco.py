@@ -1,0 +1,201 @@
+"""The HyperConverged end to end: commands in, operands derived and reverted, conditions,
+metrics and alerts out of the read service, all through the running system."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controlplane.client import Client, CommandRejected
+from events.api import hco_defaults as d
+from projections.hco import ALERTS_QUERY, METRICS_QUERY, metrics
+from projections.hco_metrics import OUT_OF_BAND_MODIFICATIONS, UNSAFE_MODIFICATIONS
+from tests.system.harness import System, eventually, ready_nodes, vm_manifest
+
+KUBEVIRT_CR = f"kubevirt-{d.DEFAULT_NAME}"
+HCO = "HyperConverged"
+
+
+async def reconciled(vb: Client, **condition: str) -> dict[str, Any] | None:
+    """The HyperConverged once reconciled at its generation, with the given condition
+    statuses (`TaintedConfiguration="True"`; "absent" for a condition not reported)."""
+    items = await vb.query(HCO, name=d.DEFAULT_NAME)
+    if not items:
+        return None
+    hco = items[0]
+    status = hco["status"]
+    found = {c["type"]: c["status"] for c in status["conditions"]}
+    want = {"ReconcileComplete": "True", **condition}
+    if status["observedGeneration"] != hco["metadata"]["generation"]:
+        return None
+    if any(found.get(t, "absent") != s for t, s in want.items()):
+        return None
+    return hco
+
+
+async def kubevirt(vb: Client) -> dict[str, Any]:
+    return await vb.get("KubeVirt", "", KUBEVIRT_CR)
+
+
+async def last_sequence(vb: Client) -> int:
+    info = await vb.js.stream_info(vb.layout.events_stream)
+    return int(info.state.last_seq)
+
+
+def sample(text: str, metric: str, label: str, value: str) -> float | None:
+    prefix = f'{metric}{{{label}="{value}"}} '
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix):])
+    return None
+
+
+async def test_out_of_band_change_is_reverted_counted_alerted_and_survives_restart(
+    system: System, vb: Client
+) -> None:
+    await eventually(lambda: reconciled(vb), what="the default HyperConverged reconciled")
+    effective = await kubevirt(vb)
+    migrations = effective["spec"]["configuration"]["migrations"]
+    assert migrations["completionTimeoutPerGiB"] == d.COMPLETION_TIMEOUT_PER_GIB
+    assert migrations["allowPostCopy"] is False
+    hco = await vb.get(HCO, "", d.DEFAULT_NAME)
+    assert {r["kind"] for r in hco["status"]["relatedObjects"]} == set(d.OPERAND_API_VERSIONS)
+
+    edited = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+              "metadata": {"name": KUBEVIRT_CR, "labels": effective["metadata"]["labels"]},
+              "spec": {**effective["spec"], "configuration": {
+                  **effective["spec"]["configuration"],
+                  "migrations": {**migrations, "allowPostCopy": True}}}}
+    [outcome] = await vb.apply(edited)
+    assert outcome.sequences
+
+    async def reverted() -> list[Any] | None:
+        history = await vb.history("KubeVirt", "", KUBEVIRT_CR)
+        types = [(e.type, e.actor) for e in history]
+        return history if ("OperandReverted", "system:controller:hco") in types else None
+
+    history = await eventually(reverted, what="the out-of-band change reverted")
+    actors = [(e.type, e.actor) for e in history]
+    assert ("OperandModified", "user:alice") in actors
+    assert actors.index(("OperandModified", "user:alice")) < actors.index(
+        ("OperandReverted", "system:controller:hco"))
+    revert = next(e for e in history if e.type == "OperandReverted")
+    assert {"op": "replace", "path": "/spec/configuration/migrations/allowPostCopy",
+            "value": False} in revert.changes
+    assert (await kubevirt(vb))["spec"]["configuration"]["migrations"]["allowPostCopy"] is False
+
+    head = await last_sequence(vb)
+    [exposition] = await vb.query(METRICS_QUERY, after=head)
+    text = exposition["text"]
+    assert sample(text, OUT_OF_BAND_MODIFICATIONS, "component_name", KUBEVIRT_CR) == 1.0
+    alerts = await vb.query(ALERTS_QUERY, after=head)
+    assert [(a["name"], a["severity"], a["labels"]) for a in alerts] == [
+        ("KubeVirtCRModified", "warning", {"component_name": KUBEVIRT_CR})]
+
+    system.kill("projections")
+    system.start("projections")
+    again = await eventually(lambda: vb.query(METRICS_QUERY, after=head),
+                             what="the restarted read service")
+    assert again[0]["text"] == text
+    assert await vb.query(ALERTS_QUERY, after=head) == alerts
+    rebuilt = await vb.state_at(head)
+    assert metrics(rebuilt).exposition().decode() == text
+
+
+async def test_cluster_configuration_sections(vb: Client) -> None:
+    await eventually(lambda: reconciled(vb), what="the default HyperConverged reconciled")
+    assert await ready_nodes(vb, 2)
+
+    # featureGates, liveMigrationConfig, obsoleteCPUs and defaultCPUModel reach the KubeVirt CR
+    await vb.patch(HCO, "", d.DEFAULT_NAME, {"spec": {
+        "featureGates": {"downwardMetrics": True},
+        "liveMigrationConfig": {"parallelMigrationsPerCluster": 3, "allowAutoConverge": True},
+        "obsoleteCPUs": {"cpuModels": ["Haswell"], "minCPUModel": "Nehalem"},
+        "defaultCPUModel": "Skylake-Server",
+    }})
+    await eventually(lambda: reconciled(vb), what="the patched spec reconciled")
+    config = (await kubevirt(vb))["spec"]["configuration"]
+    assert "DownwardMetrics" in config["developerConfiguration"]["featureGates"]
+    assert config["migrations"]["parallelMigrationsPerCluster"] == 3
+    assert config["migrations"]["allowAutoConverge"] is True
+    assert config["obsoleteCPUModels"]["Haswell"] is True
+    assert config["minCPUModel"] == "Nehalem"
+    assert config["cpuModel"] == "Skylake-Server"
+
+    # validation: refused with the field and the rule, nothing appended
+    before = await last_sequence(vb)
+    for patch, field in (
+        ({"spec": {"certConfig": {"server": {"duration": "96h"}}}},
+         "spec.certConfig.server.duration"),
+        ({"spec": {"certConfig": {"ca": {"duration": "5m"}}}}, "spec.certConfig.ca.duration"),
+        ({"spec": {"tuningPolicy": "annotation"}}, "spec.tuningPolicy"),
+        ({"spec": {"resourceRequirements": {"vmiCPUAllocationRatio": 1,
+                                            "autoCPULimitNamespaceLabelSelector": {}}}},
+         "spec.resourceRequirements.autoCPULimitNamespaceLabelSelector"),
+    ):
+        with pytest.raises(CommandRejected) as refused:
+            await vb.patch(HCO, "", d.DEFAULT_NAME, patch)
+        assert refused.value.outcome.field == field, refused.value.outcome
+    assert await last_sequence(vb) == before
+
+    # a jsonpatch annotation: applied, tainted, counted, alerted, not reverted
+    patch = '[{"op": "add", "path": "/spec/configuration/migrations/allowPostCopy", ' \
+            '"value": true}]'
+    await vb.patch(HCO, "", d.DEFAULT_NAME,
+                   {"metadata": {"annotations": {d.KUBEVIRT_JSONPATCH_ANNOTATION: patch}}})
+    hco = await eventually(lambda: reconciled(vb, TaintedConfiguration="True"),
+                           what="TaintedConfiguration")
+    tainted = next(c for c in hco["status"]["conditions"]
+                   if c["type"] == "TaintedConfiguration")
+    assert tainted["reason"] == "UnsupportedFeatureAnnotation"
+    assert (await kubevirt(vb))["spec"]["configuration"]["migrations"]["allowPostCopy"] is True
+    head = await last_sequence(vb)
+    [exposition] = await vb.query(METRICS_QUERY, after=head)
+    assert sample(exposition["text"], UNSAFE_MODIFICATIONS, "annotation_name",
+                  d.KUBEVIRT_JSONPATCH_ANNOTATION) == 1.0
+    alerts = await vb.query(ALERTS_QUERY, after=head)
+    assert ("UnsupportedHCOModification", "info",
+            {"annotation_name": d.KUBEVIRT_JSONPATCH_ANNOTATION}) in [
+        (a["name"], a["severity"], a["labels"]) for a in alerts]
+
+    # a patch that does not apply: reported on the conditions, the CDI CR left as it was
+    cdi_before = await vb.get("CDI", "", f"cdi-{d.DEFAULT_NAME}")
+    bad = '[{"op": "remove", "path": "/spec/nope"}]'
+    await vb.patch(HCO, "", d.DEFAULT_NAME,
+                   {"metadata": {"annotations": {d.CDI_JSONPATCH_ANNOTATION: bad}},
+                    "spec": {"scratchSpaceStorageClass": "fast"}})
+    hco = await eventually(lambda: reconciled(vb, ReconcileComplete="False"),
+                           what="the failed patch on the conditions")
+    failed = next(c for c in hco["status"]["conditions"] if c["type"] == "ReconcileComplete")
+    assert d.CDI_JSONPATCH_ANNOTATION in failed["message"]
+    assert [f["annotation"] for f in hco["status"]["jsonPatchFailures"]] == [
+        d.CDI_JSONPATCH_ANNOTATION]
+    cdi_after = await vb.get("CDI", "", f"cdi-{d.DEFAULT_NAME}")
+    assert cdi_after == cdi_before
+
+    # removing the annotations removes the taint
+    await vb.patch(HCO, "", d.DEFAULT_NAME, {"metadata": {"annotations": {
+        d.KUBEVIRT_JSONPATCH_ANNOTATION: None, d.CDI_JSONPATCH_ANNOTATION: None}}})
+    await eventually(lambda: reconciled(vb, TaintedConfiguration="absent"), what="untainted")
+    assert (await kubevirt(vb))["spec"]["configuration"]["migrations"]["allowPostCopy"] is False
+    cdi = await vb.get("CDI", "", f"cdi-{d.DEFAULT_NAME}")
+    assert cdi["spec"]["config"]["scratchSpaceStorageClass"] == "fast"
+
+    # workloads placement is frozen while VMs exist; uninstall strategies
+    await vb.apply(vm_manifest("keep", "Halted"))
+    before = await last_sequence(vb)
+    with pytest.raises(CommandRejected) as refused:
+        await vb.patch(HCO, "", d.DEFAULT_NAME, {"spec": {"workloads": {
+            "nodePlacement": {"nodeSelector": {"nodeType": "nested-virtualization"}}}}})
+    assert refused.value.outcome.field == "spec.workloads.nodePlacement"
+    with pytest.raises(CommandRejected) as refused:
+        await vb.act(HCO, "delete", "", d.DEFAULT_NAME)
+    assert refused.value.outcome.field == "spec.uninstallStrategy"
+    assert await last_sequence(vb) == before
+
+    await vb.patch(HCO, "", d.DEFAULT_NAME, {"spec": {"uninstallStrategy": "RemoveWorkloads"}})
+    await vb.act(HCO, "delete", "", d.DEFAULT_NAME)
+    assert await vb.query("VirtualMachine", "default", "keep") == []
+    assert await vb.query(HCO) == []
+    assert await vb.query("KubeVirt") == []
