@@ -104,10 +104,17 @@ async def test_out_of_band_change_is_reverted_counted_alerted_and_survives_resta
 
 
 async def test_cluster_configuration_sections(vb: Client) -> None:
+    """One system, the seed's sections in turn."""
     await eventually(lambda: reconciled(vb), what="the default HyperConverged reconciled")
     assert await ready_nodes(vb, 2)
+    await spec_reaches_kubevirt(vb)
+    await validation_refuses_and_appends_nothing(vb)
+    await jsonpatch_annotations(vb)
+    await uninstall_strategies(vb)
 
-    # featureGates, liveMigrationConfig, obsoleteCPUs and defaultCPUModel reach the KubeVirt CR
+
+async def spec_reaches_kubevirt(vb: Client) -> None:
+    """featureGates, liveMigrationConfig, obsoleteCPUs and defaultCPUModel."""
     await vb.patch(HCO, "", d.DEFAULT_NAME, {"spec": {
         "featureGates": {"downwardMetrics": True},
         "liveMigrationConfig": {"parallelMigrationsPerCluster": 3, "allowAutoConverge": True},
@@ -123,7 +130,8 @@ async def test_cluster_configuration_sections(vb: Client) -> None:
     assert config["minCPUModel"] == "Nehalem"
     assert config["cpuModel"] == "Skylake-Server"
 
-    # validation: refused with the field and the rule, nothing appended
+
+async def validation_refuses_and_appends_nothing(vb: Client) -> None:
     before = await last_sequence(vb)
     for patch, field in (
         ({"spec": {"certConfig": {"server": {"duration": "96h"}}}},
@@ -139,7 +147,10 @@ async def test_cluster_configuration_sections(vb: Client) -> None:
         assert refused.value.outcome.field == field, refused.value.outcome
     assert await last_sequence(vb) == before
 
-    # a jsonpatch annotation: applied, tainted, counted, alerted, not reverted
+
+async def jsonpatch_annotations(vb: Client) -> None:
+    """Applied, tainted, counted, alerted, not reverted; a patch that does not apply is
+    reported on the conditions and changes nothing; removing them removes the taint."""
     patch = '[{"op": "add", "path": "/spec/configuration/migrations/allowPostCopy", ' \
             '"value": true}]'
     await vb.patch(HCO, "", d.DEFAULT_NAME,
@@ -159,7 +170,6 @@ async def test_cluster_configuration_sections(vb: Client) -> None:
             {"annotation_name": d.KUBEVIRT_JSONPATCH_ANNOTATION}) in [
         (a["name"], a["severity"], a["labels"]) for a in alerts]
 
-    # a patch that does not apply: reported on the conditions, the CDI CR left as it was
     cdi_before = await vb.get("CDI", "", f"cdi-{d.DEFAULT_NAME}")
     bad = '[{"op": "remove", "path": "/spec/nope"}]'
     await vb.patch(HCO, "", d.DEFAULT_NAME,
@@ -174,7 +184,6 @@ async def test_cluster_configuration_sections(vb: Client) -> None:
     cdi_after = await vb.get("CDI", "", f"cdi-{d.DEFAULT_NAME}")
     assert cdi_after == cdi_before
 
-    # removing the annotations removes the taint
     await vb.patch(HCO, "", d.DEFAULT_NAME, {"metadata": {"annotations": {
         d.KUBEVIRT_JSONPATCH_ANNOTATION: None, d.CDI_JSONPATCH_ANNOTATION: None}}})
     await eventually(lambda: reconciled(vb, TaintedConfiguration="absent"), what="untainted")
@@ -182,7 +191,10 @@ async def test_cluster_configuration_sections(vb: Client) -> None:
     cdi = await vb.get("CDI", "", f"cdi-{d.DEFAULT_NAME}")
     assert cdi["spec"]["config"]["scratchSpaceStorageClass"] == "fast"
 
-    # workloads placement is frozen while VMs exist; uninstall strategies
+
+async def uninstall_strategies(vb: Client) -> None:
+    """workloads.nodePlacement is frozen while VMs exist; Block refuses, RemoveWorkloads
+    deletes the VMs with the HyperConverged and its operands."""
     await vb.apply(vm_manifest("keep", "Halted"))
     before = await last_sequence(vb)
     with pytest.raises(CommandRejected) as refused:
