@@ -25,11 +25,14 @@ from controlplane.hco import jsonpatch
 from controlplane.hco.conditions import merge_conditions, system_health
 from controlplane.hco.desired import drift
 from controlplane.hco.operands import OPERANDS
+from controlplane.hco.operands.kubevirt import KUBEVIRT
 from controlplane.hco.validation import check_uninstall, validate_hco
 from events.api import hco_defaults as d
 from events.api.base import ObjectMeta
+from events.api.domain import CPU
 from events.api.hco import Condition, HyperConverged, OperandObject
 from events.api.manifest import decode_object
+from events.api.vm import VirtualMachineInstanceSpec
 from events.codec import now
 from events.errors import InvalidSpec
 from events.hco import (
@@ -70,6 +73,21 @@ def existing_vms(d_: Decision) -> list[Aggregate[VirtualMachineView]]:
     assert isinstance(recorder, JetStreamApplicationRecorder)
     vms = [d_.load(agg, VirtualMachineView) for agg in recorder.aggregate_ids(VM_KIND)]
     return [vm for vm in vms if vm.exists]
+
+
+def with_cluster_cpu_model(d_: Decision,
+                           spec: VirtualMachineInstanceSpec) -> VirtualMachineInstanceSpec:
+    """KubeVirt's VMI defaulting: a VMI created without a CPU model gets the effective
+    KubeVirt's `configuration.cpuModel` (the HyperConverged's `defaultCPUModel`), if set."""
+    cpu = spec.domain.cpu or CPU()
+    if cpu.model:
+        return spec
+    kubevirt = d_.load(operand_id(KUBEVIRT.kind, KUBEVIRT.name(HyperConverged())), OperandView)
+    model = kubevirt.state.object.get("spec", {}).get("configuration", {}).get("cpuModel", "")
+    if not model:
+        return spec
+    domain = msgspec.structs.replace(spec.domain, cpu=msgspec.structs.replace(cpu, model=model))
+    return msgspec.structs.replace(spec, domain=domain)
 
 
 def _decode_hco(manifest: dict[str, Any] | None) -> HyperConverged:

@@ -10,6 +10,7 @@ import msgspec
 
 from controlplane.aggregate import Aggregate
 from controlplane.handling import Decision, Rejected, handles
+from controlplane.hco_commands import with_cluster_cpu_model
 from controlplane.vm_commands import KIND as VM_KIND_NAME
 from controlplane.vm_commands import load_vm
 from events.api.base import ObjectMeta
@@ -79,7 +80,8 @@ def create_for_vm(d: Decision) -> None:
     meta = ObjectMeta(name=cmd.name, namespace=cmd.namespace, labels=labels,
                       annotations=dict(template.metadata.annotations))
     d.trigger(vmi, VirtualMachineInstanceCreated, uid=str(uuid.uuid4()), metadata=meta,
-              spec=template.spec, owner=cmd.name, restart_count=vm.state.restart_count)
+              spec=with_cluster_cpu_model(d, template.spec), owner=cmd.name,
+              restart_count=vm.state.restart_count)
 
 
 @handles(KIND, "schedule")

@@ -129,6 +129,10 @@ async def spec_reaches_kubevirt(vb: Client) -> None:
     assert config["obsoleteCPUModels"]["Haswell"] is True
     assert config["minCPUModel"] == "Nehalem"
     assert config["cpuModel"] == "Skylake-Server"
+    await vb.apply(vm_manifest("cpu"))
+    vmi = await eventually(lambda: vb.query("VirtualMachineInstance", "default", "cpu"),
+                           what="the VMI of a VM without a CPU model")
+    assert vmi[0]["spec"]["domain"]["cpu"]["model"] == "Skylake-Server"
 
 
 async def validation_refuses_and_appends_nothing(vb: Client) -> None:
@@ -208,6 +212,6 @@ async def uninstall_strategies(vb: Client) -> None:
 
     await vb.patch(HCO, "", d.DEFAULT_NAME, {"spec": {"uninstallStrategy": "RemoveWorkloads"}})
     await vb.act(HCO, "delete", "", d.DEFAULT_NAME)
-    assert await vb.query("VirtualMachine", "default", "keep") == []
+    assert await vb.query("VirtualMachine") == []
     assert await vb.query(HCO) == []
     assert await vb.query("KubeVirt") == []
