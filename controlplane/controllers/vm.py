@@ -14,7 +14,7 @@ from __future__ import annotations
 from controlplane.controllers import derived_command
 from events.codec import Event
 from events.messages import Command
-from events.subjects import split_aggregate_id
+from events.subjects import aggregate_id, split_aggregate_id
 from events.vm import VM_KIND, VMI_KIND
 from projections.cluster import ClusterState
 from projections.views import TERMINAL_PHASES, VirtualMachineView
@@ -41,7 +41,10 @@ class VMController:
         vm = state.vm(namespace, name)
         vmi = state.vmi(namespace, name)
         vm_version = vm.version if vm else 0
-        vmi_version = vmi.version if vmi else 0
+        # A deleted VMI's version still counts, so the command that replaces a finished VMI
+        # differs from the one that created it.
+        last = state.views.get(aggregate_id(VMI_KIND, namespace, name))
+        vmi_version = last.version if last else 0
 
         def command(verb: str) -> list[Command]:
             return [derived_command(NAME, "VirtualMachineInstance", verb, namespace, name,
