@@ -1,0 +1,178 @@
+"""The agent in-process, on real NATS and the shared `test:///default` host: a restart
+neither loses nor duplicates guests, a launch executed twice makes one domain, discovery is
+re-reported when the host changes, and simulations are refused off the test driver."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import libvirt
+import msgspec
+import nats
+import pytest
+from nats.aio.client import Client as Nats
+from nats.js.client import JetStreamContext
+
+from controlplane.writer import Writer
+from events.messages import Command, DomainObservation, NodeCommand, NodeReport, SimRequest
+from events.streams import ensure_all
+from events.subjects import Layout
+from nodeagent import lifecycle
+from nodeagent.agent import AgentConfig, NodeAgent, VMIRef
+from nodeagent.defaults import DOMAIN_MISSING_REASON
+from nodeagent.lifecycle import SimulationRefused
+from projections.service import ReadService
+
+WAIT_SECONDS = 20.0
+
+SPEC: dict[str, Any] = {"domain": {"cpu": {"cores": 1}, "devices": {},
+                                   "resources": {"requests": {"memory": "64Mi"}}}}
+
+
+class Cluster:
+    """Just enough of the control plane to place VMIs on a node: the writer and reads."""
+
+    def __init__(self, nc: Nats, writer: Writer, layout: Layout, node: str) -> None:
+        self.nc, self.writer, self.layout, self.node = nc, writer, layout, node
+        self.namespace = layout.prefix  # domain names stay unique on the shared test host
+
+    async def run(self, kind: str, verb: str, name: str, manifest: dict[str, Any]) -> Any:
+        command = Command(id=str(uuid.uuid4()), actor="user:test", kind=kind, verb=verb,
+                          namespace=self.namespace, name=name, manifest=manifest)
+        result = await self.writer.execute(command)
+        assert result.outcome.accepted, result.outcome.reason
+        return result
+
+    async def placed(self, name: str) -> VMIRef:
+        """A VMI scheduled to this node (no dispatcher runs, so nothing launches it)."""
+        vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+               "metadata": {"name": name, "namespace": self.namespace}, "spec": SPEC}
+        result = await self.run("VirtualMachineInstance", "apply", name, vmi)
+        uid = str(result.events[0][1].uid)
+        await self.run("VirtualMachineInstance", "schedule", name, {"node": self.node})
+        return VMIRef(self.namespace, name, uid)
+
+    def launch(self, ref: VMIRef) -> NodeCommand:
+        vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+               "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+               "spec": SPEC}
+        return NodeCommand(event_id=str(uuid.uuid4()), verb="launch", namespace=ref.namespace,
+                           name=ref.name, uid=ref.uid, vmi=vmi)
+
+
+@pytest.fixture
+async def cluster(nats_url: str, prefix: str) -> AsyncIterator[Cluster]:
+    layout = Layout(prefix)
+    nc = await nats.connect(nats_url)
+    await ensure_all(nc.jetstream(), layout, 1)
+    writer = Writer(nats_url, layout)
+    stop = asyncio.Event()
+    reads = asyncio.ensure_future(ReadService(nc, layout).run(stop))
+    try:
+        yield Cluster(nc, writer, layout, f"node-{prefix}")
+    finally:
+        stop.set()
+        await reads
+        writer.close()
+        await nc.close()
+
+
+class Running:
+    def __init__(self, agent: NodeAgent, task: asyncio.Future[None], stop: asyncio.Event) -> None:
+        self.agent, self.task, self.stop = agent, task, stop
+
+    async def close(self) -> None:
+        self.stop.set()
+        await self.task
+
+
+async def start(cluster: Cluster, nats_url: str, **options: Any) -> Running:
+    agent = NodeAgent(AgentConfig(node=cluster.node, nats_url=nats_url,
+                                  prefix=cluster.layout.prefix, **options))
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(agent.run(stop))
+    await asyncio.wait_for(agent.started.wait(), WAIT_SECONDS)
+    return Running(agent, task, stop)
+
+
+def owned(agent: NodeAgent, namespace: str) -> list[str]:
+    """uids of this test's guests on the shared host, as libvirt lists them now."""
+    return sorted(d.uid for d in agent.summaries() if d.name.startswith(f"{namespace}_"))
+
+
+async def next_report(sub: JetStreamContext.PullSubscription,
+                      match: Callable[[NodeReport], bool]) -> NodeReport:
+    """The next report that `match`es, from the reports work queue (no one else reads it
+    here)."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            msgs = await sub.fetch(16, timeout=1.0)
+        except TimeoutError:
+            continue
+        for msg in msgs:
+            await msg.ack()
+            report = msgspec.msgpack.decode(msg.data, type=NodeReport)
+            if match(report):
+                return report
+    raise AssertionError("no matching report")
+
+
+def reported_domain(name: str, reason: str) -> Callable[[NodeReport], bool]:
+    def match(report: NodeReport) -> bool:
+        obs: DomainObservation | None = report.domain
+        return obs is not None and obs.name == name and obs.reason == reason
+
+    return match
+
+
+async def test_restart_neither_loses_nor_duplicates_guests(
+        cluster: Cluster, nats_url: str, conn: libvirt.virConnect) -> None:
+    """`conn` keeps the test host alive between agents, as a real host outlives its agent
+    (the test driver forgets its guests when its last connection closes)."""
+    kept = await cluster.placed("kept")
+    lost = await cluster.placed("lost")
+    observed = DomainObservation(namespace=lost.namespace, name=lost.name, uid=lost.uid,
+                                 phase="Running")
+    await cluster.run("VirtualMachineInstance", "observe", "lost", msgspec.to_builtins(observed))
+    orphan = VMIRef(cluster.namespace, "orphan", str(uuid.uuid4()))
+    reports = await cluster.nc.jetstream().pull_subscribe(
+        cluster.layout.reports_filter, stream=cluster.layout.reports_stream)
+
+    first = await start(cluster, nats_url)
+    for ref in (kept, kept, orphan):
+        await first.agent.execute(cluster.launch(ref), ref)
+    assert owned(first.agent, cluster.namespace) == sorted([kept.uid, orphan.uid])
+    await first.close()
+
+    second = await start(cluster, nats_url, rediscovery_seconds=0.05)
+    try:
+        agent = second.agent
+        assert owned(agent, cluster.namespace) == [kept.uid], "kept once, the orphan removed"
+        assert kept.uid in agent.ledger.holders()
+        assert list(agent.domains.values()) == [kept]
+        await next_report(reports, reported_domain("lost", DOMAIN_MISSING_REASON))
+        await agent.execute(cluster.launch(kept), kept)
+        assert owned(agent, cluster.namespace) == [kept.uid]
+
+        agent.discovery = dataclasses.replace(agent.discovery, kvm_devices=7)
+        changed = await next_report(reports, lambda r: bool(
+            r.info and r.info["capacity"]["devices.kubevirt.io/kvm"] == "7"))
+        assert changed.kind == "node"
+    finally:
+        lifecycle.graceful_stop(second.agent.conn, kept.domain, 0, second.agent.watcher)
+        await second.close()
+
+
+@pytest.mark.parametrize("action", ["guest-shutdown", "guest-crash", "agent-stop"])
+async def test_simulation_is_refused_on_a_real_hypervisor(action: str) -> None:
+    agent = NodeAgent(AgentConfig(node="real", nats_url="nats://127.0.0.1:1",
+                                  libvirt_uri="qemu:///system"))
+    with pytest.raises(SimulationRefused, match="qemu:///system"):
+        await agent.simulate(SimRequest(action=action, namespace="default", name="vm"))  # type: ignore[arg-type]
+    assert not agent.silenced.is_set()
