@@ -86,3 +86,18 @@ def test_state_phase_after_an_agent_restart(
     state: int, reason: int, phase: GuestPhase | None
 ) -> None:
     assert phase_for(state, reason) == phase
+
+
+@pytest.mark.parametrize(
+    ("event", "paused"),
+    [
+        (lv.VIR_DOMAIN_EVENT_SUSPENDED, True),
+        (lv.VIR_DOMAIN_EVENT_RESUMED, False),
+        (lv.VIR_DOMAIN_EVENT_STARTED, False),
+        (lv.VIR_DOMAIN_EVENT_PMSUSPENDED, False),
+        (lv.VIR_DOMAIN_EVENT_DEFINED, False),
+    ],
+)
+def test_paused_is_reported_apart_from_the_phase(event: int, paused: bool) -> None:
+    """A paused guest is still Running (KubeVirt keeps the phase and adds a condition)."""
+    assert Observation("vmi", "uuid", event, 0).paused is paused

@@ -92,11 +92,15 @@ async def test_node_discovery_pause_unpause_and_grace_periods(system: System, vb
     assert [d.state for d in await domains(vb, node_name)] == [libvirt.VIR_DOMAIN_PAUSED]
     refused = await virtbus(system, "pause", "web")
     assert (refused.code, refused.err) == (1, "error: VMI is already paused\n")
+    refused = await virtbus(system, "soft-reboot", "web")
+    assert (refused.code, refused.err) == (1, "error: VMI is paused; unpause it first\n")
 
     assert (await virtbus(system, "unpause", "web")).code == 0
     vm = await eventually(lambda: vm_status(vb, "web", "Running"), what="VM running again")
     assert condition(vm, "Paused") is None
     assert [d.state for d in await domains(vb, node_name)] == [libvirt.VIR_DOMAIN_RUNNING]
+    rebooted = await virtbus(system, "soft-reboot", "web")
+    assert rebooted.out == "VMI web was scheduled to soft reboot\n"
 
     # A grace period of 0 destroys at once; the spec's (30 s) asks the guest, which on the
     # test driver powers off at once.
