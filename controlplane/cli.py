@@ -281,6 +281,8 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--libvirt-uri", default="test:///default")
     u.add_argument("--replicas", type=int, default=1)
     u.add_argument("--node-grace", type=float, default=None)
+    u.add_argument("--http-port", type=int, default=0,
+                   help="port of the HTTP read API on 127.0.0.1 (default: a free one)")
 
     _writers(sub)
     _readers(sub)
@@ -394,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = UpOptions(data_dir=args.data_dir.resolve(), nodes=args.nodes,
                          nats_port=args.nats_port, nats_url=args.nats_url or "",
                          prefix=args.prefix or "virtbus", libvirt_uri=args.libvirt_uri,
-                         replicas=args.replicas,
+                         replicas=args.replicas, http_port=args.http_port,
                          **({"node_grace_seconds": args.node_grace} if args.node_grace else {}))
         return up(opts)
     if args.command == "domxml":

@@ -18,7 +18,7 @@ import structlog
 from controlplane.context import Context, write_context
 from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS
 from events.connect import connect
-from events.server import EmbeddedNats
+from events.server import EmbeddedNats, free_port
 from events.streams import ensure_all
 from events.subjects import Layout
 
@@ -36,6 +36,8 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     libvirt_uri: str = "test:///default"
     replicas: int = 1
     node_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS
+    http_port: int = 0
+    """The HTTP read API's port on 127.0.0.1; 0 picks a free one."""
 
 
 class Child:
@@ -68,12 +70,13 @@ class Child:
                 self.process.wait()
 
 
-def children(opts: UpOptions, url: str, logs: Path) -> list[Child]:
+def children(opts: UpOptions, url: str, logs: Path, http_port: int) -> list[Child]:
     common = ["--nats-url", url, "--prefix", opts.prefix]
     out = [
         Child("controlplane", ["-m", "controlplane", "run", *common,
                                "--node-grace", str(opts.node_grace_seconds)], logs),
-        Child("projections", ["-m", "projections", "run", *common], logs),
+        Child("projections", ["-m", "projections", "run", *common,
+                              "--listen", f"127.0.0.1:{http_port}"], logs),
     ]
     for i in range(1, opts.nodes + 1):
         out.append(Child(f"node-{i}", ["-m", "nodeagent", "run", *common, "--node", f"node-{i}",
@@ -93,11 +96,14 @@ def up(opts: UpOptions) -> int:
         url = server.url
     layout = Layout(opts.prefix)
     asyncio.run(_prepare(url, layout, opts.replicas))
-    procs = children(opts, url, logs)
+    http_port = opts.http_port or free_port()
+    procs = children(opts, url, logs, http_port)
     for child in procs:
         child.start()
     path = write_context(Context(nats_url=url, prefix=opts.prefix, data_dir=str(opts.data_dir)))
     print(f"virtbus is up\n  NATS:      {url} (prefix {opts.prefix})\n"
+          f"  HTTP:      http://127.0.0.1:{http_port}/apis/kubevirt.io/v1/virtualmachines"
+          f" (and /metrics)\n"
           f"  data:      {opts.data_dir}\n  logs:      {logs}/\n  context:   {path}\n"
           f"  nodes:     {', '.join(c.name for c in procs if c.name.startswith('node-'))}\n"
           "Try: virtbus apply -f examples/vm-cirros.yaml && virtbus get vm\n"

@@ -16,9 +16,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run the read service")
     add_arguments(p)
+    p.add_argument("--listen", metavar="HOST:PORT",
+                   help="also serve the HTTP read API and /metrics here (e.g. 0.0.0.0:8080)")
     args = parser.parse_args(argv)
     configure()
-    run(args.nats_url, Layout(args.prefix))
+    listen = None
+    if args.listen:
+        host, _, port = args.listen.rpartition(":")
+        listen = (host or "0.0.0.0", int(port))
+    run(args.nats_url, Layout(args.prefix), listen)
     return 0
 
 

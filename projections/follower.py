@@ -5,6 +5,7 @@ stay live on an ordered consumer. Every reader (read models, controllers, the di
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
@@ -20,6 +21,8 @@ from events.jetstream import TOPIC_HEADER
 from events.subjects import Layout
 
 log = structlog.get_logger(__name__)
+
+PROGRESS_EVERY_SECONDS = 2.0
 
 OnEvent = Callable[[int, Event], Awaitable[None]]
 OnCaughtUp = Callable[[], Awaitable[None]]
@@ -47,6 +50,29 @@ async def start_sequence_at(nc: Client, layout: Layout, at: datetime) -> int:
     return int(headers["Nats-Sequence"])
 
 
+class _Progress:
+    """Logs a long replay's progress every few seconds, and its rate at the end."""
+
+    def __init__(self, start: int, target: int) -> None:
+        self.start, self.target = start, target
+        self.began = self.last = time.monotonic()
+
+    def report(self, position: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY_SECONDS:
+            self.last = now
+            done = position - self.start
+            log.info("replaying", position=position, target=self.target,
+                     percent=round(100 * done / max(self.target - self.start + 1, 1), 1))
+
+    def done(self) -> None:
+        seconds = time.monotonic() - self.began
+        count = max(self.target - self.start + 1, 0)
+        if count:
+            log.info("replayed", events=count, seconds=round(seconds, 3),
+                     per_s=round(count / seconds) if seconds else None)
+
+
 async def follow(
     nc: Client,
     layout: Layout,
@@ -62,6 +88,7 @@ async def follow(
     stop = stop or asyncio.Event()
     target = await head(nc, layout, subject)
     position = start
+    progress = _Progress(start, target)
     while position <= target and not stop.is_set():
         page = await direct_batch(nc, layout.events_stream, position, PAGE, subject)
         for msg in page:
@@ -69,6 +96,8 @@ async def follow(
         if len(page) < PAGE:
             break
         position = sequence(page[-1]) + 1
+        progress.report(position)
+    progress.done()
     position = max(position, target + 1)
     if on_caught_up is not None:
         await on_caught_up()

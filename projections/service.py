@@ -17,6 +17,7 @@ from events.connect import connect
 from events.query import Answer, Query, query_subject
 from events.streams import wait_for_streams
 from events.subjects import Layout
+from projections import http
 from projections.cluster import ClusterState, render_node, render_vm, render_vmi
 from projections.follower import follow
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY, answer
@@ -81,16 +82,19 @@ class ReadService:
             answer = Answer(error=f"{type(e).__name__}: {e}")
         await msg.respond(msgspec.msgpack.encode(answer))
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, listen: tuple[str, int] | None = None) -> None:
         await wait_for_streams(self.nc.jetstream(), self.layout)
         sub = await self.nc.subscribe(query_subject(self.layout), cb=self._on_query)
+        server = await http.serve(self.state, render, *listen) if listen else None
         try:
             await follow(self.nc, self.layout, self._on_event, stop=stop)
         finally:
+            if server is not None:
+                server.close()
             await sub.unsubscribe()
 
 
-def run(nats_url: str, layout: Layout) -> None:
+def run(nats_url: str, layout: Layout, listen: tuple[str, int] | None = None) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -98,7 +102,7 @@ def run(nats_url: str, layout: Layout) -> None:
         nc = await connect(nats_url, f"{layout.prefix}-projections")
         log.info("read service started", nats_url=nats_url, prefix=layout.prefix)
         try:
-            await ReadService(nc, layout).run(stop)
+            await ReadService(nc, layout).run(stop, listen)
         finally:
             await nc.close()
 

@@ -17,6 +17,7 @@ import msgspec
 
 from controlplane.client import Client
 from events.messages import DomainSummary, SimReply, SimRequest
+from events.server import free_port
 
 T = TypeVar("T")
 
@@ -54,7 +55,9 @@ class System:
         common = ["--nats-url", nats_url, "--prefix", prefix]
         self.args["controlplane"] = ["-m", "controlplane", "run", *common,
                                      "--node-grace", str(node_grace)]
-        self.args["projections"] = ["-m", "projections", "run", *common]
+        self.http_port = free_port()
+        self.args["projections"] = ["-m", "projections", "run", *common,
+                                    "--listen", f"127.0.0.1:{self.http_port}"]
         for i in range(1, nodes + 1):
             self.args[f"node-{i}"] = ["-m", "nodeagent", "run", *common, "--node", f"node-{i}",
                                       "--host-cpu-model", "Haswell-noTSX",

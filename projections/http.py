@@ -1,0 +1,105 @@
+"""The HTTP read API: the read model at kube-apiserver-shaped paths, plus `/metrics`.
+
+| path                                                             | answer              |
+|------------------------------------------------------------------|---------------------|
+| `/apis/kubevirt.io/v1/virtualmachines`                           | VirtualMachineList  |
+| `/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines[/{name}]`  | list or one object  |
+| the same for `virtualmachineinstances`                           |                     |
+| `/api/v1/nodes[/{name}]`                                         | NodeList or a Node  |
+| `/metrics`                                                       | Prometheus text     |
+| `/healthz`                                                       | `ok`                |
+
+Read-only, GET only; a miss is a Kubernetes `Status` object with code 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from events.query import Query
+from projections.cluster import ClusterState
+from projections.hco import METRICS_QUERY
+
+log = structlog.get_logger(__name__)
+
+Render = Callable[[ClusterState, Query], list[dict[str, Any]]]
+RESOURCES = {"virtualmachines": "VirtualMachine",
+             "virtualmachineinstances": "VirtualMachineInstance", "nodes": "Node"}
+MAX_REQUEST_LINE = 8192
+
+
+def route(path: str) -> tuple[Query, bool] | None:
+    """The query a path asks and whether it names one object; None if no such path."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    match parts:
+        case ["apis", "kubevirt.io", "v1", resource] if resource in RESOURCES:
+            return Query(kind=RESOURCES[resource]), False
+        case ["apis", "kubevirt.io", "v1", "namespaces", ns, resource] if resource in RESOURCES:
+            return Query(kind=RESOURCES[resource], namespace=ns), False
+        case ["apis", "kubevirt.io", "v1", "namespaces", ns, resource, name] \
+                if resource in RESOURCES:
+            return Query(kind=RESOURCES[resource], namespace=ns, name=name), True
+        case ["api", "v1", "nodes"]:
+            return Query(kind="Node"), False
+        case ["api", "v1", "nodes", name]:
+            return Query(kind="Node", name=name), True
+        case _:
+            return None
+
+
+def respond(state: ClusterState, render: Render, path: str) -> tuple[int, str, bytes]:
+    """(status, content type, body) for a GET of `path`."""
+    if path == "/healthz":
+        return 200, "text/plain", b"ok"
+    if path == "/metrics":
+        [item] = render(state, Query(kind=METRICS_QUERY))
+        return 200, "text/plain; version=0.0.4", str(item["text"]).encode()
+    routed = route(path)
+    if routed is None:
+        return _status(404, "NotFound", f"the server could not find the requested resource {path}")
+    query, single = routed
+    items = render(state, query)
+    if single:
+        if not items:
+            return _status(404, "NotFound", f'{query.kind.lower()} "{query.name}" not found')
+        return 200, "application/json", json.dumps(items[0]).encode()
+    body = {"apiVersion": "v1", "kind": f"{query.kind}List", "items": items,
+            "metadata": {"resourceVersion": str(state.last_sequence)}}
+    return 200, "application/json", json.dumps(body).encode()
+
+
+def _status(code: int, reason: str, message: str) -> tuple[int, str, bytes]:
+    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+    return code, "application/json", json.dumps(body).encode()
+
+
+async def serve(state: ClusterState, render: Render, host: str, port: int) -> asyncio.Server:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = (await reader.readline())[:MAX_REQUEST_LINE].decode("latin-1").split()
+            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                pass  # headers: nothing here depends on them
+            if len(line) < 2:
+                return
+            method, path = line[0], line[1]
+            if method != "GET":
+                code, ctype, body = _status(405, "MethodNotAllowed", "the read API is read-only")
+            else:
+                code, ctype, body = respond(state, render, path)
+            head = (f"HTTP/1.1 {code} {'OK' if code == 200 else 'Error'}\r\n"
+                    f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                    "Connection: close\r\n\r\n")
+            writer.write(head.encode() + body)
+            await writer.drain()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, host, port)
+    log.info("http read API listening", host=host, port=port)
+    return server
