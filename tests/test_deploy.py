@@ -19,6 +19,7 @@ import yaml
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig
 
+from events.query import query_subject
 from events.server import EmbeddedNats, nats_server_binary
 from events.streams import ensure_all
 from events.subjects import Layout
@@ -242,3 +243,22 @@ async def test_accounts_permissions_per_role(secured_nats: str) -> None:
     assert reply.data == b"answer"
 
     await asyncio.gather(*(nc.close() for nc in (cp, client, n1, proj)))
+
+
+async def test_node_agent_asks_the_read_api_which_vmis_are_its_own(secured_nats: str) -> None:
+    """At start an agent reads the events stream's last sequence and queries at least up to
+    it; it still reads no events."""
+    layout = Layout()
+    cp, _ = await _connect(secured_nats, "controlplane")
+    await ensure_all(cp.jetstream(), layout)
+    proj, _ = await _connect(secured_nats, "projections")
+
+    async def answer(request: Any) -> None:
+        await request.respond(b"answer")
+
+    await proj.subscribe(query_subject(layout), queue="projections", cb=answer)
+    n1, _ = await _connect(secured_nats, "node-n1")
+    reply = await n1.request(query_subject(layout), b"", timeout=5)
+    assert reply.data == b"answer"
+    await n1.jetstream(timeout=2).stream_info(layout.events_stream)
+    await asyncio.gather(cp.close(), proj.close(), n1.close())
