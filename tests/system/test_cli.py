@@ -1,0 +1,110 @@
+"""The lifecycle through the `virtbus` CLI against a real `virtbus up`, as a user types it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vm-cirros.yaml"
+WAIT_SECONDS = 30.0
+
+
+class Cli:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    def __call__(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([sys.executable, "-m", "controlplane.cli", *args], env=self.env,
+                              capture_output=True, text=True, timeout=60, check=False)
+        if ok:
+            assert done.returncode == 0, done.stderr
+        return done
+
+    def until(self, *args: str, contains: str) -> str:
+        """Run `args` until its output contains `contains` (a condition wait)."""
+        deadline = time.monotonic() + WAIT_SECONDS
+        while time.monotonic() < deadline:
+            out = self(*args, ok=False).stdout
+            if contains in out:
+                return out
+            time.sleep(0.1)  # poll interval of a condition wait
+        raise AssertionError(f"`virtbus {' '.join(args)}` never showed {contains!r}")
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[Cli]:
+    env = {**os.environ, "VIRTBUS_CONTEXT": str(tmp_path / "context.json")}
+    env.pop("VIRTBUS_NATS_URL", None)
+    up = subprocess.Popen([sys.executable, "-m", "controlplane.cli", "up", "--data-dir",
+                           str(tmp_path / "data"), "--nodes", "2"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert up.stdout is not None
+        assert up.stdout.readline().startswith("virtbus is up")
+        run = Cli(env)
+        run.until("get", "nodes", contains="node-2   Ready")
+        yield run
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=60)
+
+
+def test_lifecycle_through_the_cli(cli: Cli, tmp_path: Path) -> None:
+    assert "virtualmachine.kubevirt.io/testvm created" in cli("apply", "-f", str(EXAMPLE)).stdout
+    assert "unchanged" in cli("apply", "-f", str(EXAMPLE)).stdout
+    cli.until("get", "vm", contains="Running   True")
+    vmi = yaml.safe_load(cli("get", "vmi", "testvm", "-o", "yaml").stdout)
+    assert vmi["status"]["phase"] == "Running" and vmi["status"]["nodeName"].startswith("node-")
+
+    assert "was scheduled to stop" in cli("stop", "testvm").stdout
+    cli.until("get", "vm", "testvm", contains="Stopped")
+    refused = cli("stop", "testvm", ok=False)
+    assert refused.returncode == 1 and "Halted does not support manual stop" in refused.stderr
+    cli("start", "testvm")
+    cli.until("get", "vmi", contains="Running")
+    cli("restart", "testvm")
+    cli.until("get", "vm", "testvm", "-o", "json", contains='"restartCount": 1')
+
+    history = json.loads(cli("history", "vm", "testvm", "-o", "json").stdout)
+    assert [h["type"] for h in history] == [
+        "VirtualMachineCreated", "VirtualMachineRunStrategyChanged",
+        "VirtualMachineRunStrategyChanged", "VirtualMachineRestartRequested"]
+    assert all(h["actor"].startswith("user:") and h["command_id"] for h in history)
+    created = history[0]["sequence"]
+    past = yaml.safe_load(cli("get", "vm", "testvm", "--at", str(created), "-o", "yaml").stdout)
+    assert past["spec"]["runStrategy"] == "Always" and past["metadata"]["generation"] == 1
+
+    watched = _first_lines(cli, 4)
+    assert [w["event"] for w in watched] == [h["type"] for h in history]
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("cores: 1", "corez: 1"))
+    refused = cli("apply", "-f", str(bad), ok=False)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == \
+        "error: spec.template.spec.domain.cpu: Object contains unknown field `corez`"
+
+    assert 'deleted' in cli("delete", "vm", "testvm").stdout
+    cli.until("get", "vm", contains="No resources found")
+
+
+def _first_lines(cli: Cli, count: int) -> list[dict[str, object]]:
+    """The first `count` changes of a `watch --since 1` (which then stays live)."""
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli", "watch", "vm", "testvm", "--since", "1",
+         "-o", "json"], env=cli.env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert watch.stdout is not None
+        return [json.loads(watch.stdout.readline()) for _ in range(count)]
+    finally:
+        watch.terminate()
+        watch.wait(timeout=10)
