@@ -32,10 +32,10 @@ from events.hco import HCO_KIND, OPERAND_TOKENS
 from events.messages import Command, Outcome
 from events.query import Answer, Query, query_subject
 from events.subjects import Layout, aggregate_id, encode_token
-from projections.cluster import ClusterState, render_node, render_vm, render_vmi
+from projections.cluster import ClusterState, render_vm, render_vmi
 from projections.follower import decode_msg, follow, start_sequence_at
 from projections.hco import render_view as render_hco_view
-from projections.service import render
+from projections.service import node_object, render
 from projections.views import NodeView, View, VirtualMachineInstanceView, VirtualMachineView
 
 KIND_TOKENS = {"VirtualMachine": "vm", "VirtualMachineInstance": "vmi", "Node": "node",
@@ -268,8 +268,7 @@ class Client:
             case VirtualMachineInstanceView():
                 return render_vmi(view)
             case NodeView():
-                name = view.id.split(".", 2)[2]
-                return render_node(view, state.node_usage(name))
+                return node_object(state, view)
         return render_hco_view(state, view)
 
     async def history(self, kind: str, namespace: str, name: str) -> list[HistoryEntry]:

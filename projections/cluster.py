@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from events.api.resources import vmi_resources
+from events.api.resources import DEFAULT_TUNING, ClusterTuning, vmi_resources
 from events.codec import Event
 from events.nodes import NODE_KIND
 from events.subjects import aggregate_id, split_aggregate_id
@@ -82,13 +82,14 @@ class ClusterState:
     def vmis_on(self, node: str) -> list[VirtualMachineInstanceView]:
         return [v for v in self.vmis() if v.node == node and v.active]
 
-    def node_usage(self, node: str, *, emulation: bool = False) -> dict[str, int]:
+    def node_usage(self, node: str, *, emulation: bool = False,
+                   tuning: ClusterTuning = DEFAULT_TUNING) -> dict[str, int]:
         """What the active VMIs on a node hold: memory bytes (with overhead), CPU millicores,
         and extended resources (kvm/tun devices, hugepages)."""
         usage: dict[str, int] = {"memory": 0, "cpu": 0, "vmis": 0}
         for vmi in self.vmis_on(node):
             assert vmi.spec is not None
-            ask = vmi_resources(vmi.spec.domain, emulation=emulation)
+            ask = vmi_resources(vmi.spec.domain, emulation=emulation, tuning=tuning)
             usage["memory"] += ask.memory_bytes
             usage["cpu"] += ask.cpu_millis
             usage["vmis"] += 1

@@ -19,6 +19,11 @@ import msgspec
 from events.api import hco_defaults as d
 from events.api.base import ObjectMeta
 from events.api.hco import Condition, HyperConvergedSpec
+from events.api.resources import (
+    CPU_ALLOCATION_RATIO,
+    MEMORY_OVERCOMMIT_PERCENT,
+    ClusterTuning,
+)
 from events.codec import Event
 from events.hco import (
     HCO_KIND,
@@ -141,6 +146,17 @@ def default_cpu_model(state: ClusterState) -> str:
     kubevirt = effective_kubevirt(state) or {}
     model: str = kubevirt.get("spec", {}).get("configuration", {}).get("cpuModel", "")
     return model
+
+
+def cluster_tuning(state: ClusterState) -> ClusterTuning:
+    """The scheduler's knobs from the effective KubeVirt (KubeVirt's defaults before HCO
+    has written one)."""
+    config = ((effective_kubevirt(state) or {}).get("spec", {}).get("configuration", {})
+              .get("developerConfiguration", {}))
+    return ClusterTuning(
+        cpu_allocation_ratio=int(config.get("cpuAllocationRatio", CPU_ALLOCATION_RATIO)),
+        memory_overcommit_percent=int(config.get("memoryOvercommit",
+                                                 MEMORY_OVERCOMMIT_PERCENT)))
 
 
 def metrics(state: ClusterState) -> HcoMetrics:

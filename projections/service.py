@@ -20,7 +20,8 @@ from events.subjects import Layout
 from projections import http
 from projections.cluster import ClusterState, render_node, render_vm, render_vmi
 from projections.follower import follow
-from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY, answer
+from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY, answer, cluster_tuning
+from projections.views import NodeView
 
 log = structlog.get_logger(__name__)
 
@@ -43,8 +44,7 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
                     out.append(render_vmi(vmi))
         case "Node":
             for node in state.nodes():
-                name = node.id.split(".", 2)[2]
-                obj = render_node(node, state.node_usage(name))
+                obj = node_object(state, node)
                 if not query.name or obj["metadata"]["name"] == query.name:
                     out.append(obj)
         case kind if kind in HCO_KINDS:
@@ -52,6 +52,14 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
         case kind if kind in (METRICS_QUERY, ALERTS_QUERY):
             return answer(state, kind, query.name, datetime.now(UTC))
     return sorted(out, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+
+
+def node_object(state: ClusterState, node: NodeView) -> dict[str, Any]:
+    """A Node with what its VMIs hold, counted as the scheduler counts it."""
+    name = node.id.split(".", 2)[2]
+    emulation = node.info is not None and node.info.domain_type != "kvm"
+    usage = state.node_usage(name, emulation=emulation, tuning=cluster_tuning(state))
+    return render_node(node, usage)
 
 
 def _matches(query: Query, namespace: str, name: str) -> bool:

@@ -1,6 +1,8 @@
 """The scheduler: binds each Pending VMI to a Ready node with room.
 
-A node fits when it is Ready, carries every `nodeSelector` label, and its allocatable
+A VMI's ask follows the effective KubeVirt configuration (`cpuAllocationRatio`,
+`memoryOvercommit`, from the HyperConverged). A node fits when it is Ready, carries every
+`nodeSelector` label, and its allocatable
 memory, CPU and extended resources (kvm/tun devices, hugepages) cover what its active VMIs
 hold plus this VMI's ask. Among fitting nodes the least-loaded by memory wins (ties by
 name), which spreads VMIs as kube-scheduler's default scoring roughly does.
@@ -9,13 +11,14 @@ name), which spreads VMIs as kube-scheduler's default scoring roughly does.
 from __future__ import annotations
 
 from controlplane.controllers import derived_command
-from events.api.resources import VMIResources, quantity, vmi_resources
+from events.api.resources import ClusterTuning, VMIResources, quantity, vmi_resources
 from events.codec import Event
 from events.messages import Command
 from events.nodes import NODE_KIND
 from events.subjects import split_aggregate_id
 from events.vm import VMI_KIND
 from projections.cluster import ClusterState
+from projections.hco import cluster_tuning
 from projections.views import NodeView, VirtualMachineInstanceView
 
 NAME = "scheduler"
@@ -52,25 +55,27 @@ class Scheduler:
     def choose(self, state: ClusterState, vmi: VirtualMachineInstanceView) -> str | None:
         assert vmi.spec is not None
         best: tuple[float, str] | None = None
+        tuning = cluster_tuning(state)
         for node in state.nodes():
             _, _, name = split_aggregate_id(node.id)
             emulation = node.info is not None and node.info.domain_type != "kvm"
-            ask = vmi_resources(vmi.spec.domain, emulation=emulation)
-            load = self._fits(state, node, name, ask, vmi.spec.node_selector)
+            ask = vmi_resources(vmi.spec.domain, emulation=emulation, tuning=tuning)
+            load = self._fits(state, node, name, ask, selector=vmi.spec.node_selector,
+                              tuning=tuning)
             if load is not None and (best is None or (load, name) < best):
                 best = (load, name)
         return best[1] if best else None
 
     @staticmethod
-    def _fits(state: ClusterState, node: NodeView, name: str, ask: VMIResources,
-              selector: dict[str, str]) -> float | None:
+    def _fits(state: ClusterState, node: NodeView, name: str, ask: VMIResources, *,
+              selector: dict[str, str], tuning: ClusterTuning) -> float | None:
         """The node's memory load after placing `ask`, or None if it does not fit."""
         info = node.info
         if not node.ready or info is None:
             return None
         if any(info.labels.get(k) != v for k, v in selector.items()):
             return None
-        used = state.node_usage(name, emulation=info.domain_type != "kvm")
+        used = state.node_usage(name, emulation=info.domain_type != "kvm", tuning=tuning)
         memory = int(quantity(info.allocatable.get("memory", "0")))
         cpu = int(quantity(info.allocatable.get("cpu", "0")) * 1000)
         if used["memory"] + ask.memory_bytes > memory or used["cpu"] + ask.cpu_millis > cpu:

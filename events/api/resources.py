@@ -47,6 +47,20 @@ IOTHREAD_OVERHEAD_BYTES = 8 * MiB
 VIDEO_OVERHEAD_BYTES = 32 * MiB
 CPU_ALLOCATION_RATIO = 10
 """KubeVirt's default `cpuAllocationRatio`: without a CPU request a vCPU asks for 1/10 core."""
+MEMORY_OVERCOMMIT_PERCENT = 100
+"""KubeVirt's default `memoryOvercommit`: a VMI asks for all of its guest memory."""
+
+
+class ClusterTuning(msgspec.Struct, frozen=True, kw_only=True):
+    """The cluster-wide knobs of the effective KubeVirt configuration that change a VMI's ask
+    (`developerConfiguration.cpuAllocationRatio` / `.memoryOvercommit`, set by the
+    HyperConverged's `vmiCPUAllocationRatio` / `higherWorkloadDensity`)."""
+
+    cpu_allocation_ratio: int = CPU_ALLOCATION_RATIO
+    memory_overcommit_percent: int = MEMORY_OVERCOMMIT_PERCENT
+
+
+DEFAULT_TUNING = ClusterTuning()
 
 
 _parse_quantity: Callable[[Quantity], Decimal] = parse_quantity
@@ -114,7 +128,7 @@ def needs_tun(domain: DomainSpec) -> bool:
     return bool(devices.interfaces) or devices.autoattach_pod_interface is not False
 
 
-def cpu_request_millis(domain: DomainSpec) -> int:
+def cpu_request_millis(domain: DomainSpec, tuning: ClusterTuning = DEFAULT_TUNING) -> int:
     """CPU the scheduler reserves: the request, else the limit, else vCPUs over the ratio."""
     resources = domain.resources
     if domain.cpu is not None and domain.cpu.dedicated_cpu_placement:
@@ -122,7 +136,7 @@ def cpu_request_millis(domain: DomainSpec) -> int:
     explicit = resources.requests.get("cpu", resources.limits.get("cpu"))
     if explicit is not None:
         return math.ceil(quantity(explicit) * 1000)
-    return math.ceil(cpu_topology(domain).vcpus * 1000 / CPU_ALLOCATION_RATIO)
+    return math.ceil(cpu_topology(domain).vcpus * 1000 / tuning.cpu_allocation_ratio)
 
 
 class VMIResources(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,9 +147,20 @@ class VMIResources(msgspec.Struct, frozen=True, kw_only=True):
     extended: dict[str, int]
 
 
-def vmi_resources(domain: DomainSpec, *, emulation: bool = False) -> VMIResources:
-    """Everything a node must have free for this VMI; `emulation` drops the /dev/kvm need."""
+def requested_memory_bytes(domain: DomainSpec, tuning: ClusterTuning = DEFAULT_TUNING) -> int:
+    """Guest memory as the scheduler counts it: a VMI that sets `memory.guest` but no memory
+    request asks for guest * 100 / memoryOvercommit, as KubeVirt's defaulting does."""
     guest = guest_memory_bytes(domain)
+    explicit = "memory" in domain.resources.requests
+    if domain.memory is not None and domain.memory.guest and not explicit:
+        return guest * 100 // tuning.memory_overcommit_percent
+    return guest
+
+
+def vmi_resources(domain: DomainSpec, *, emulation: bool = False,
+                  tuning: ClusterTuning = DEFAULT_TUNING) -> VMIResources:
+    """Everything a node must have free for this VMI; `emulation` drops the /dev/kvm need."""
+    guest = requested_memory_bytes(domain, tuning)
     overhead = 0 if domain.resources.overcommit_guest_overhead else memory_overhead_bytes(domain)
     extended: dict[str, int] = {}
     if not emulation:
@@ -148,5 +173,5 @@ def vmi_resources(domain: DomainSpec, *, emulation: bool = False) -> VMIResource
         extended[HUGEPAGES_PREFIX + page_size] = guest
         memory = overhead
     return VMIResources(
-        cpu_millis=cpu_request_millis(domain), memory_bytes=memory, extended=extended
+        cpu_millis=cpu_request_millis(domain, tuning), memory_bytes=memory, extended=extended
     )
