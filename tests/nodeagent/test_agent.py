@@ -96,7 +96,12 @@ async def start(cluster: Cluster, nats_url: str, **options: Any) -> Running:
                                   prefix=cluster.layout.prefix, **options))
     stop = asyncio.Event()
     task = asyncio.ensure_future(agent.run(stop))
-    await asyncio.wait_for(agent.started.wait(), WAIT_SECONDS)
+    started = asyncio.ensure_future(agent.started.wait())
+    await asyncio.wait({started, task}, timeout=WAIT_SECONDS,
+                       return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()  # the agent's own error, rather than a timeout
+    assert started.done(), "the agent did not start"
     return Running(agent, task, stop)
 
 
