@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from events.server import EmbeddedNats
 from controlplane.client import Client
+from events.server import EmbeddedNats
 from tests.system.harness import System, eventually, ready_nodes, vm_manifest, vmi_phase
 
 KINDS = ("VirtualMachine", "VirtualMachineInstance", "Node")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from events.api import hco_defaults as d
 from controlplane.client import Client
+from events.api import hco_defaults as d
 from tests.system.harness import eventually, vmi_phase
 
 MiB = 1024 * 1024
