@@ -80,6 +80,18 @@ class Decision:
             self.touched[agg_id] = self.app.load(agg_id, view_cls)
         return self.touched[agg_id]
 
+    def target(self, kind: str, view_cls: type[V]) -> Aggregate[V]:
+        """The aggregate the command names (`kind` token, its namespace and name)."""
+        return self.load(aggregate_id(kind, self.command.namespace, self.command.name), view_cls)
+
+    def existing(self, kind: str, view_cls: type[V], noun: str) -> Aggregate[V]:
+        """The named aggregate, or a refusal that says it does not exist."""
+        found = self.target(kind, view_cls)
+        if not found.exists:
+            cmd = self.command
+            raise Rejected(f'{noun} "{cmd.namespace}/{cmd.name}" not found', "metadata.name")
+        return found
+
     def trigger(self, aggregate: Aggregate[Any], event_cls: type[Event], **fields: Any) -> None:
         aggregate.trigger(self.cause, event_cls, **fields)
 

@@ -35,16 +35,11 @@ KIND = "VirtualMachine"
 
 
 def load_vm(d: Decision) -> Aggregate[VirtualMachineView]:
-    cmd = d.command
-    vm = d.load(aggregate_id(VM_KIND, cmd.namespace, cmd.name), VirtualMachineView)
-    if not vm.exists:
-        raise Rejected(f'virtualmachine "{cmd.namespace}/{cmd.name}" not found', "metadata.name")
-    return vm
+    return d.existing(VM_KIND, VirtualMachineView, "virtualmachine")
 
 
 def vmi_running(d: Decision) -> bool:
-    cmd = d.command
-    vmi = d.load(aggregate_id(VMI_KIND, cmd.namespace, cmd.name), VirtualMachineInstanceView)
+    vmi = d.target(VMI_KIND, VirtualMachineInstanceView)
     return vmi.state.active and vmi.state.deletion_requested_at is None
 
 

@@ -37,17 +37,11 @@ KIND = "VirtualMachineInstance"
 
 
 def load_vmi(d: Decision) -> Aggregate[VirtualMachineInstanceView]:
-    cmd = d.command
-    return d.load(aggregate_id(VMI_KIND, cmd.namespace, cmd.name), VirtualMachineInstanceView)
+    return d.target(VMI_KIND, VirtualMachineInstanceView)
 
 
 def existing_vmi(d: Decision) -> Aggregate[VirtualMachineInstanceView]:
-    vmi = load_vmi(d)
-    cmd = d.command
-    if not vmi.exists:
-        raise Rejected(f'virtualmachineinstance "{cmd.namespace}/{cmd.name}" not found',
-                       "metadata.name")
-    return vmi
+    return d.existing(VMI_KIND, VirtualMachineInstanceView, "virtualmachineinstance")
 
 
 @handles(KIND, "apply")
