@@ -15,6 +15,7 @@ VMI's replacement can take its name.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import time
 import uuid
@@ -29,6 +30,7 @@ from nats.errors import NoRespondersError
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped
+from events.api.hco_defaults import KUBEVIRT_MIN_CPU_MODEL
 from events.api.resources import vmi_resources
 from events.api.vm import VirtualMachineInstanceSpec
 from events.connect import connect
@@ -68,6 +70,7 @@ log = structlog.get_logger(__name__)
 
 FETCH_BATCH = 16
 VMI_KIND = "VirtualMachineInstance"
+KUBEVIRT_KIND = "KubeVirt"
 FINISHED = frozenset({GuestPhase.SUCCEEDED, GuestPhase.FAILED})
 
 
@@ -214,9 +217,13 @@ class NodeAgent:
         return out
 
     async def _query_vmis(self) -> Answer:
+        return await self._query(VMI_KIND)
+
+    async def _query(self, kind: str) -> Answer:
+        """Ask the read service, as of the log's end now."""
         assert self.nc is not None
         info = await self.nc.jetstream().stream_info(self.layout.events_stream)
-        query = Query(kind=VMI_KIND, after=info.state.last_seq)
+        query = Query(kind=kind, after=info.state.last_seq)
         try:
             reply = await self.nc.request(query_subject(self.layout),
                                           msgspec.msgpack.encode(query),
@@ -245,8 +252,26 @@ class NodeAgent:
         await self.nc.jetstream().publish(subject, msgspec.msgpack.encode(report),
                                           headers={"Nats-Msg-Id": report.id})
 
+    async def _follow_cluster_cpu_policy(self) -> None:
+        """Take `obsoleteCPUModels` and `minCPUModel` from the effective KubeVirt CR, as
+        virt-handler does; keep the current ones while the read service cannot say."""
+        try:
+            answer = await self._query(KUBEVIRT_KIND)
+        except ReadServiceUnavailable:
+            return
+        if not answer.items:
+            return
+        config = answer.items[0].get("spec", {}).get("configuration", {})
+        obsolete = config.get("obsoleteCPUModels") or {}
+        models = {m for m, on in obsolete.items() if on} if isinstance(obsolete, dict) \
+            else set(obsolete)
+        self.discovery = dataclasses.replace(
+            self.discovery, obsolete_cpu_models=frozenset(models),
+            min_cpu_model=config.get("minCPUModel") or KUBEVIRT_MIN_CPU_MODEL)
+
     async def report_host(self, *, force: bool = False) -> None:
         """Discover the host; report it when it changed since the last report, or `force`."""
+        await self._follow_cluster_cpu_policy()
         info = await asyncio.to_thread(discover_host, self.conn, self.discovery)
         info = msgspec.structs.replace(info, hostname=socket.gethostname())
         fingerprint = host_fingerprint(info)
