@@ -7,8 +7,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from events.api import hco_defaults as d
 from controlplane.client import Client
+from events.api import hco_defaults as d
 from tests.system.harness import System, eventually, ready_nodes
 
 MODEL = "cpu-model.node.kubevirt.io/"
