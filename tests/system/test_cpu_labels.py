@@ -32,8 +32,9 @@ async def test_obsolete_cpu_models_and_min_cpu_model_reach_node_labels(
     try:
         async with await Client.connect(nats_url, prefix, actor="user:carol") as vb:
             await eventually(lambda: ready_nodes(vb, 1), what="node Ready")
-            before = await eventually(labels_where(vb, lambda labels: MODEL + "SandyBridge" in labels),
-                                      what="SandyBridge offered by a Haswell host")
+            before = await eventually(
+                labels_where(vb, lambda labels: MODEL + "SandyBridge" in labels),
+                what="SandyBridge offered by a Haswell host")
             assert FEATURE + "ssse3" not in before  # Penryn's own features are left out
             await vb.patch("HyperConverged", d.DEFAULT_NAMESPACE, d.DEFAULT_NAME, {"spec": {
                 "obsoleteCPUs": {"cpuModels": ["SandyBridge"], "minCPUModel": "Nehalem"}}})
