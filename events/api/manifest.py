@@ -6,6 +6,7 @@ import re
 from typing import Any, Final
 
 import msgspec
+import msgspec.inspect
 import yaml
 
 from events.api.base import ApiStruct
@@ -64,6 +65,37 @@ def _field_path(message: str) -> tuple[str, str]:
     return path or "(root)", rule
 
 
+def _unwrap(node: Any) -> Any:
+    """Through optionals, lists and maps to the type of the values they hold."""
+    while True:
+        match node:
+            case msgspec.inspect.UnionType(types=types):
+                literal = [t for t in types if isinstance(t, msgspec.inspect.LiteralType)]
+                rest = [t for t in types if not isinstance(t, msgspec.inspect.NoneType)]
+                node = literal[0] if literal else rest[0]
+            case msgspec.inspect.ListType(item_type=item):
+                node = item
+            case msgspec.inspect.DictType(value_type=value):
+                node = value
+            case _:
+                return node
+
+
+def _allowed_values(cls: type[Any], path: str) -> list[str]:
+    """The values a Literal-typed field at `path` (`spec.template.x[0].y`) accepts."""
+    node: Any = msgspec.inspect.type_info(cls)
+    for token in re.sub(r"\[\d+\]", "", path).split("."):
+        node = _unwrap(node)
+        if not isinstance(node, msgspec.inspect.StructType):
+            return []
+        field = next((f for f in node.fields if f.encode_name == token), None)
+        if field is None:
+            return []
+        node = field.type
+    node = _unwrap(node)
+    return [str(v) for v in node.values] if isinstance(node, msgspec.inspect.LiteralType) else []
+
+
 def decode_object(doc: dict[str, Any], *, default_namespace: str = "default") -> ApiStruct:
     """A typed object from one parsed document; validation of shape and names only."""
     kind = doc.get("kind")
@@ -76,6 +108,9 @@ def decode_object(doc: dict[str, Any], *, default_namespace: str = "default") ->
         obj = msgspec.convert(doc, cls)
     except msgspec.ValidationError as e:
         field, rule = _field_path(str(e))
+        allowed = _allowed_values(cls, field) if rule.startswith("Invalid enum value") else []
+        if allowed:
+            rule = f"must be one of {', '.join(allowed)}, not {rule.rpartition(' ')[2]}"
         raise InvalidSpec(field, rule) from None
     meta = getattr(obj, "metadata", None)
     if meta is not None:
