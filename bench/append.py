@@ -32,7 +32,7 @@ from bench.common import (
     timed_async,
 )
 from events.bridge import DEFAULT_TIMEOUT, NatsBridge
-from events.jetstream import MAX_BATCH
+from events.datastore import MAX_BATCH
 
 WARMUP = 50
 """Operations run before each timed loop, so connection set-up is not counted."""

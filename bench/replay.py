@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 from bench import common
 from bench.common import BenchEvent, Store
 from events.codec import decode
-from events.jetstream import MAX_BATCH
+from events.datastore import MAX_BATCH
 
 PAGE = 1000
 """Notifications a rebuild asks for at a time, as a projection runner would."""

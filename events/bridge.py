@@ -36,6 +36,14 @@ class NatsBridge:
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
 
+    async def _shutdown(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.close()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = DEFAULT_TIMEOUT) -> T:
         """Run `coro` on the bridge's loop and wait for its result."""
         if threading.current_thread() is self._thread:
@@ -44,10 +52,10 @@ class NatsBridge:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def close(self) -> None:
+        """Close the connection, cancel whatever callers still wait on, stop the loop."""
         if self._loop.is_closed():
             return
-        if not self.nc.is_closed:
-            self.run(self.nc.close())
+        self.run(self._shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()

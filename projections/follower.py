@@ -16,8 +16,8 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from events.codec import Event, decode
+from events.datastore import TOPIC_HEADER
 from events.directget import PAGE, direct_batch, last_on, sequence
-from events.jetstream import TOPIC_HEADER
 from events.subjects import Layout
 
 log = structlog.get_logger(__name__)
