@@ -72,6 +72,9 @@ class NodeCommand(msgspec.Struct, frozen=True, kw_only=True):
     vmi: dict[str, Any] | None = None
     """The VMI (apiVersion/kind/metadata/spec) to launch, in KubeVirt's JSON shape."""
     grace_period_seconds: int = 0
+    command_id: str = ""
+    """The command that caused the event, and the request it belongs to: for the logs."""
+    correlation_id: str = ""
 
 
 ReportKind = Literal["node", "domain"]

@@ -328,16 +328,19 @@ class NodeAgent:
     async def _handle(self, msg: Msg) -> None:
         command = msgspec.msgpack.decode(msg.data, type=NodeCommand)
         ref = VMIRef(command.namespace, command.name, command.uid)
-        bound = self.log.bind(vmi=ref.name, namespace=ref.namespace, verb=command.verb,
-                              event_id=command.event_id)
-        try:
-            async with claimed(msg), self.busy:
-                await self.execute(command, ref)
-        except (VirtbusError, libvirt.libvirtError) as e:
-            bound.warning("node command failed", error=str(e))
-            if command.verb == "launch":
-                await self.report_domain(ref, GuestPhase.FAILED, f"launch failed: {e}")
-        await msg.ack()
+        with structlog.contextvars.bound_contextvars(
+                vmi=ref.name, namespace=ref.namespace, verb=command.verb,
+                event_id=command.event_id, command_id=command.command_id,
+                correlation_id=command.correlation_id):
+            self.log.info("node command")
+            try:
+                async with claimed(msg), self.busy:
+                    await self.execute(command, ref)
+            except (VirtbusError, libvirt.libvirtError) as e:
+                self.log.warning("node command failed", error=str(e))
+                if command.verb == "launch":
+                    await self.report_domain(ref, GuestPhase.FAILED, f"launch failed: {e}")
+            await msg.ack()
 
     async def execute(self, command: NodeCommand, ref: VMIRef) -> None:
         match command.verb:

@@ -84,7 +84,9 @@ class Dispatcher:
             return None
         meta = view.metadata
         common: dict[str, Any] = {"event_id": str(event.id), "namespace": meta.namespace,
-                                  "name": meta.name, "uid": view.uid}
+                                  "name": meta.name, "uid": view.uid,
+                                  "command_id": event.causation_id,
+                                  "correlation_id": event.correlation_id}
         match event:
             case VirtualMachineInstanceScheduled(node=node):
                 vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
