@@ -112,6 +112,7 @@ def report_command(report: NodeReport) -> Command | None:
             obs = report.domain
             return Command(id=command_id, actor=actor, kind="VirtualMachineInstance",
                            verb="observe", namespace=obs.namespace, name=obs.name,
-                           manifest=msgspec.to_builtins(obs))
+                           manifest=msgspec.to_builtins(obs),
+                           correlation_id=report.correlation_id)
         case _:
             return None

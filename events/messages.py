@@ -100,6 +100,8 @@ class NodeReport(msgspec.Struct, frozen=True, kw_only=True):
     kind: ReportKind
     info: dict[str, Any] | None = None
     domain: DomainObservation | None = None
+    correlation_id: str = ""
+    """The request whose node work this report answers ("" for what the host did alone)."""
 
 
 SimAction = Literal["guest-shutdown", "guest-crash", "agent-stop", "agent-start", "domains"]

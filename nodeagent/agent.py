@@ -15,11 +15,14 @@ VMI's replacement can take its name.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import socket
 import time
 import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 
 import libvirt
 import msgspec
@@ -67,6 +70,18 @@ from nodeagent.virterror import quiet_libvirt_errors
 from nodeagent.watcher import LifecycleWatcher, to_asyncio
 
 log = structlog.get_logger(__name__)
+
+SERVING: contextvars.ContextVar[str] = contextvars.ContextVar("serving", default="")
+"""The correlation id of the node work being done; reports made for it carry it along."""
+
+
+@contextlib.contextmanager
+def _serving(correlation_id: str) -> Iterator[None]:
+    token = SERVING.set(correlation_id)
+    try:
+        yield
+    finally:
+        SERVING.reset(token)
 
 FETCH_BATCH = 16
 VMI_KIND = "VirtualMachineInstance"
@@ -249,6 +264,7 @@ class NodeAgent:
         if self.silenced.is_set() or self.nc is None:
             return
         subject = self.layout.report_subject(self.cfg.node, report.kind)
+        report = msgspec.structs.replace(report, correlation_id=SERVING.get())
         await self.nc.jetstream().publish(subject, msgspec.msgpack.encode(report),
                                           headers={"Nats-Msg-Id": report.id})
 
@@ -328,7 +344,7 @@ class NodeAgent:
     async def _handle(self, msg: Msg) -> None:
         command = msgspec.msgpack.decode(msg.data, type=NodeCommand)
         ref = VMIRef(command.namespace, command.name, command.uid)
-        with structlog.contextvars.bound_contextvars(
+        with _serving(command.correlation_id), structlog.contextvars.bound_contextvars(
                 vmi=ref.name, namespace=ref.namespace, verb=command.verb,
                 event_id=command.event_id, command_id=command.command_id,
                 correlation_id=command.correlation_id):

@@ -31,7 +31,7 @@ class Scheduler:
         kind, namespace, name = split_aggregate_id(event.originator_id)
         if kind == VMI_KIND:
             vmi = state.vmi(namespace, name)
-            return self._schedule(state, vmi) if vmi is not None else []
+            return self._schedule(state, vmi, event.correlation_id) if vmi is not None else []
         if kind == NODE_KIND:
             return self.resync(state)
         return []
@@ -42,7 +42,8 @@ class Scheduler:
             commands += self._schedule(state, vmi)
         return commands
 
-    def _schedule(self, state: ClusterState, vmi: VirtualMachineInstanceView) -> list[Command]:
+    def _schedule(self, state: ClusterState, vmi: VirtualMachineInstanceView,
+                  correlation_id: str = "") -> list[Command]:
         if vmi.phase != "Pending" or vmi.node or vmi.deletion_requested_at is not None:
             return []
         node = self.choose(state, vmi)
@@ -50,7 +51,7 @@ class Scheduler:
             return []
         return [derived_command(NAME, "VirtualMachineInstance", "schedule",
                                 vmi.metadata.namespace, vmi.metadata.name, vmi.version,
-                                manifest={"node": node})]
+                                manifest={"node": node}, correlation_id=correlation_id)]
 
     def choose(self, state: ClusterState, vmi: VirtualMachineInstanceView) -> str | None:
         assert vmi.spec is not None
