@@ -125,7 +125,9 @@ class CommandHandler:
     def __init__(self, app: VirtbusApplication) -> None:
         self.app = app
 
-    def execute(self, command: Command) -> Result:
+    def execute(self, command: Command, *, check_prior: bool = False) -> Result:
+        """Decide and append once. `check_prior` (commands from clients) answers a command
+        already applied with its first outcome before deciding anything on today's state."""
         bound = log.bind(command_id=command.id, kind=command.kind, verb=command.verb,
                          name=command.name, namespace=command.namespace, actor=command.actor,
                          correlation_id=command.correlation_id or command.id)
@@ -134,6 +136,9 @@ class CommandHandler:
             return self._reject(command, f"{command.kind} does not support {command.verb!r}",
                                 "verb")
         marker_id = aggregate_id(COMMAND_KIND, "", command.id)
+        if check_prior and (prior := self.prior(command)) is not None:
+            bound.info("command already applied")
+            return prior
         for _attempt in range(MAX_ATTEMPTS):
             decision = Decision(self.app, command)
             try:
@@ -149,7 +154,8 @@ class CommandHandler:
                 return Result(Outcome(command_id=command.id, accepted=True))
             marker = Aggregate(CommandView(marker_id))
             marker.trigger(decision.cause, CommandAccepted, command_id=command.id,
-                           kind=command.kind, verb=command.verb, target=command.name)
+                           kind=command.kind, verb=command.verb, target=command.name,
+                           event_count=len(events))
             try:
                 recordings = self.app.save(marker, *decision.touched.values())
             except IntegrityError:
@@ -166,28 +172,24 @@ class CommandHandler:
         return self._reject(command, "the object kept changing concurrently; retry", "")
 
     def prior(self, command: Command) -> Result | None:
-        """The outcome of an earlier delivery of this command, from its marker in the log."""
+        """The outcome of an earlier delivery of this command, from its marker in the log.
+
+        The marker leads its atomic batch, whose events are stored contiguously, so the
+        command's events are the `event_count` sequences right after it.
+        """
         recorder = self.app.recorder
         assert isinstance(recorder, JetStreamApplicationRecorder)
         position = recorder.last_position(aggregate_id(COMMAND_KIND, "", command.id))
         if position is None:
             return None
         _version, marker_seq = position
-        later = recorder.select_notifications(marker_seq, MAX_BATCH_SCAN,
-                                              inclusive_of_start=False)
-        seqs = []
-        for n in later:
-            event = self.app.mapper.to_domain_event(n)
-            if getattr(event, "causation_id", None) == command.id:
-                seqs.append(n.id)
-            else:
-                break
+        [stored] = recorder.select_notifications(marker_seq, 1)
+        marker = self.app.mapper.to_domain_event(stored)
+        assert isinstance(marker, CommandAccepted)
+        seqs = list(range(marker_seq + 1, marker_seq + 1 + marker.event_count))
         return Result(Outcome(command_id=command.id, accepted=True, sequences=seqs))
 
     @staticmethod
     def _reject(command: Command, reason: str, field: str) -> Result:
         return Result(Outcome(command_id=command.id, accepted=False, reason=reason, field=field))
 
-
-MAX_BATCH_SCAN = 1000
-"""An atomic batch holds at most this many events, so a command's follow at most this far."""

@@ -71,7 +71,7 @@ class CommandIntake:
                               reason=f"actor {command.actor!r} does not match the subject's "
                                      f"{actor!r}")
         else:
-            outcome = (await self.writer.execute(command)).outcome
+            outcome = (await self.writer.execute(command, check_prior=True)).outcome
         await outcomes.put(key, _encode(outcome))
 
 

@@ -4,6 +4,7 @@ one at a time, on a thread of its own (the `eventsourcing` library is synchronou
 from __future__ import annotations
 
 import asyncio
+import functools
 from concurrent.futures import ThreadPoolExecutor
 
 import controlplane.hco_commands
@@ -33,9 +34,10 @@ class Writer:
         self.handler = CommandHandler(self.app)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="writer")
 
-    async def execute(self, command: Command) -> Result:
+    async def execute(self, command: Command, *, check_prior: bool = False) -> Result:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self.handler.execute, command)
+        run = functools.partial(self.handler.execute, command, check_prior=check_prior)
+        return await loop.run_in_executor(self._pool, run)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

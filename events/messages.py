@@ -56,6 +56,8 @@ class CommandAccepted(Event, frozen=True, kw_only=True):
     kind: str
     verb: str
     target: str
+    event_count: int = 0
+    """How many events follow the marker in its batch: the command's outcome, re-readable."""
 
 
 NodeVerb = Literal["launch", "stop", "pause", "unpause", "restart"]
