@@ -54,11 +54,11 @@ class CommandIntake:
         self.writer = writer
 
     async def run(self, stop: asyncio.Event) -> None:
+        self.outcomes = await self.nc.jetstream().key_value(self.layout.outcomes_bucket)
         await _consume(self.nc, self.layout.commands_stream, self.layout.commands_filter,
                        COMMANDS_CONSUMER, handle=self.handle, stop=stop)
 
     async def handle(self, msg: Msg) -> None:
-        outcomes = await self.nc.jetstream().key_value(self.layout.outcomes_bucket)
         try:
             command = _decode_command(msg.data)
         except msgspec.DecodeError as e:
@@ -72,7 +72,7 @@ class CommandIntake:
                                      f"{actor!r}")
         else:
             outcome = (await self.writer.execute(command, check_prior=True)).outcome
-        await outcomes.put(key, _encode(outcome))
+        await self.outcomes.put(key, _encode(outcome))
 
 
 class ReportIntake:

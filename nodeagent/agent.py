@@ -75,6 +75,16 @@ SERVING: contextvars.ContextVar[str] = contextvars.ContextVar("serving", default
 """The correlation id of the node work being done; reports made for it carry it along."""
 
 
+async def _first_of(*events: asyncio.Event) -> None:
+    """Return as soon as any of `events` is set."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
 @contextlib.contextmanager
 def _serving(correlation_id: str) -> Iterator[None]:
     token = SERVING.set(correlation_id)
@@ -135,7 +145,8 @@ class NodeAgent:
         self.layout = Layout(cfg.prefix)
         self.log = log.bind(node=cfg.node)
         self.domains: dict[str, VMIRef] = {}
-        self.silenced = asyncio.Event()
+        self.active = asyncio.Event()
+        self.active.set()
         self.started = asyncio.Event()
         """Set once the agent has reconciled and takes work."""
         self.busy = asyncio.Lock()
@@ -261,7 +272,7 @@ class NodeAgent:
     # -- reports -----------------------------------------------------------------------
 
     async def _report(self, report: NodeReport) -> None:
-        if self.silenced.is_set() or self.nc is None:
+        if not self.active.is_set() or self.nc is None:
             return
         subject = self.layout.report_subject(self.cfg.node, report.kind)
         report = msgspec.structs.replace(report, correlation_id=SERVING.get())
@@ -311,7 +322,7 @@ class NodeAgent:
     async def _rediscover(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await pause_unless_stopped(stop, self.cfg.rediscovery_seconds)
-            if not stop.is_set() and not self.silenced.is_set():
+            if not stop.is_set() and self.active.is_set():
                 await self.report_host()
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
@@ -319,7 +330,7 @@ class NodeAgent:
         kv = await self.nc.jetstream().key_value(self.layout.heartbeats_bucket)
         key = encode_token(self.cfg.node)
         while not stop.is_set():
-            if not self.silenced.is_set():
+            if self.active.is_set():
                 await kv.put(key, str(time.time()).encode())
             await pause_unless_stopped(stop, HEARTBEAT_INTERVAL)
 
@@ -331,8 +342,8 @@ class NodeAgent:
             stream=self.layout.node_stream,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_SECONDS))
         while not stop.is_set():
-            if self.silenced.is_set():
-                await asyncio.sleep(0.2)  # a silenced agent does nothing; poll for resume
+            if not self.active.is_set():
+                await _first_of(self.active, stop)  # a silenced agent does nothing
                 continue
             try:
                 msgs = await sub.fetch(FETCH_BATCH, timeout=1.0)
@@ -442,8 +453,8 @@ class NodeAgent:
                                         self.watcher)
             case "agent-stop":
                 self.log.warning("simulated agent stop: no heartbeats, reports or work")
-                self.silenced.set()
+                self.active.clear()
             case "agent-start":
-                self.silenced.clear()
+                self.active.set()
                 await self.report_host(force=True)
                 await self.reconcile()

@@ -20,6 +20,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
 
 from events.codec import Event
 from events.messages import NodeCommand
@@ -44,11 +45,13 @@ class Dispatcher:
         self.layout = layout
         self.js = nc.jetstream()
         self.position = 0
+        self._checkpoints: KeyValue | None = None
 
     async def load_checkpoint(self) -> int:
-        kv = await self.js.key_value(self.layout.checkpoints_bucket)
+        """Where dispatch stopped last time; also binds the bucket once for every save."""
+        self._checkpoints = await self.js.key_value(self.layout.checkpoints_bucket)
         try:
-            entry = await kv.get(CHECKPOINT_KEY)
+            entry = await self._checkpoints.get(CHECKPOINT_KEY)
         except KeyNotFoundError:
             self.position = 0
         else:
@@ -74,8 +77,8 @@ class Dispatcher:
         await self._save(self.position)
 
     async def _save(self, sequence: int) -> None:
-        kv = await self.js.key_value(self.layout.checkpoints_bucket)
-        await kv.put(CHECKPOINT_KEY, str(sequence).encode())
+        assert self._checkpoints is not None, "load_checkpoint() first"
+        await self._checkpoints.put(CHECKPOINT_KEY, str(sequence).encode())
 
     @staticmethod
     def node_command(event: Event, state: ClusterState) -> tuple[str, str, NodeCommand] | None:

@@ -180,4 +180,4 @@ async def test_simulation_is_refused_on_a_real_hypervisor(action: str) -> None:
                                   libvirt_uri="qemu:///system"))
     with pytest.raises(SimulationRefused, match="qemu:///system"):
         await agent.simulate(SimRequest(action=action, namespace="default", name="vm"))  # type: ignore[arg-type]
-    assert not agent.silenced.is_set()
+    assert agent.active.is_set()
