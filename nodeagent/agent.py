@@ -152,6 +152,9 @@ class NodeAgent:
         self.busy = asyncio.Lock()
         """Held while a node command runs or the agent reconciles, so neither sees the
         other half done."""
+        self.in_progress: dict[str, str] = {}
+        """Domain name to the correlation id of the node command acting on it right now, so
+        libvirt's echo of that action, if the watcher reports it first, carries the id too."""
         self.nc: Client | None = None
         self.fingerprint = ""
         cpu_model = cfg.host_cpu_model or (TEST_HOST_CPU_MODEL if cfg.simulated else "")
@@ -360,6 +363,7 @@ class NodeAgent:
                 event_id=command.event_id, command_id=command.command_id,
                 correlation_id=command.correlation_id):
             self.log.info("node command")
+            self.in_progress[ref.domain] = command.correlation_id
             try:
                 async with claimed(msg), self.busy:
                     await self.execute(command, ref)
@@ -367,6 +371,8 @@ class NodeAgent:
                 self.log.warning("node command failed", error=str(e))
                 if command.verb == "launch":
                     await self.report_domain(ref, GuestPhase.FAILED, f"launch failed: {e}")
+            finally:
+                self.in_progress.pop(ref.domain, None)
             await msg.ack()
 
     async def execute(self, command: NodeCommand, ref: VMIRef) -> None:
@@ -412,11 +418,12 @@ class NodeAgent:
             if ref is None or phase is None or obs.cause is StopCause.REQUESTED:
                 continue  # not ours, no change, or a stop whose command reports it
             reason = str(obs.cause or "")
-            if phase is GuestPhase.RUNNING:
-                await self.report_domain(ref, phase, reason, paused=obs.paused)
-            else:
-                await self._remove(ref)
-                await self.report_domain(ref, phase, reason, gone=True)
+            with _serving(self.in_progress.get(ref.domain, "")):
+                if phase is GuestPhase.RUNNING:
+                    await self.report_domain(ref, phase, reason, paused=obs.paused)
+                else:
+                    await self._remove(ref)
+                    await self.report_domain(ref, phase, reason, gone=True)
 
     # -- simulation --------------------------------------------------------------------
 

@@ -37,7 +37,8 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 class View:
-    """Common bookkeeping: which aggregate, at which version, changed when."""
+    """Common bookkeeping: which aggregate, at which version, changed when and on whose
+    request (the correlation id a controller carries on when it acts on the object later)."""
 
     def __init__(self, aggregate_id: str) -> None:
         self.id = aggregate_id
@@ -46,6 +47,7 @@ class View:
         self.created_at: datetime | None = None
         self.updated_at: datetime | None = None
         self.last_sequence = 0
+        self.correlation_id = ""
 
     def apply(self, event: Event, sequence: int = 0) -> bool:
         """Fold one event in; False if it was already folded."""
@@ -53,6 +55,7 @@ class View:
             return False
         self.version = event.originator_version
         self.updated_at = event.timestamp
+        self.correlation_id = event.correlation_id
         self.last_sequence = max(self.last_sequence, sequence)
         self.mutate(event)
         return True

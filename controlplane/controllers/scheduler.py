@@ -51,7 +51,8 @@ class Scheduler:
             return []
         return [derived_command(NAME, "VirtualMachineInstance", "schedule",
                                 vmi.metadata.namespace, vmi.metadata.name, vmi.version,
-                                manifest={"node": node}, correlation_id=correlation_id)]
+                                manifest={"node": node},
+                                correlation_id=correlation_id or vmi.correlation_id)]
 
     def choose(self, state: ClusterState, vmi: VirtualMachineInstanceView) -> str | None:
         assert vmi.spec is not None

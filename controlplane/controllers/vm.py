@@ -41,6 +41,8 @@ class VMController:
         vm = state.vm(namespace, name)
         vmi = state.vmi(namespace, name)
         vm_version = vm.version if vm else 0
+        if not correlation_id and vm is not None:
+            correlation_id = vm.correlation_id  # a resync acts on the VM's last request
         # A deleted VMI's version still counts, so the command that replaces a finished VMI
         # differs from the one that created it.
         last = state.views.get(aggregate_id(VMI_KIND, namespace, name))

@@ -4,24 +4,10 @@ delivered, even when today's state would decide differently."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-
-import pytest
 
 from controlplane.handling import CommandHandler
-from controlplane.writer import application
 from events.messages import Command
-from events.subjects import Layout
 from tests.system.harness import vm_manifest
-
-
-@pytest.fixture
-def handler(nats_url: str, prefix: str) -> Iterator[CommandHandler]:
-    app = application(nats_url, Layout(prefix))
-    try:
-        yield CommandHandler(app)
-    finally:
-        app.factory.close()
 
 
 def command(verb: str, **fields: object) -> Command:
