@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import nats
 from nats.aio.client import Client
@@ -19,9 +20,25 @@ def servers(url: str) -> list[str]:
     return [u.strip() for u in url.split(",") if u.strip()]
 
 
+def inbox_prefix(url: str) -> str:
+    """`_INBOX.<user>` for a connection that logs in as a user, else nats-py's `_INBOX`.
+
+    Replies (JetStream API answers, acks, direct gets, ordered consumer deliveries) arrive
+    on the inbox, so each role in `deploy/nats/accounts.conf` may subscribe to its own
+    inbox subtree only and cannot read another role's replies. A bare token
+    (`nats://TOKEN@host`) is never put in a subject.
+    """
+    first = urlsplit(servers(url)[0]) if servers(url) else None
+    if first is None or not first.username or first.password is None:
+        return "_INBOX"
+    return f"_INBOX.{first.username}"
+
+
 async def connect(url: str, name: str, **options: Any) -> Client:
-    """A long-lived service connection: reconnects forever, names itself to the server."""
+    """A long-lived service connection: reconnects forever, names itself to the server,
+    takes its replies on its user's own inbox subtree."""
     options.setdefault("max_reconnect_attempts", -1)
+    options.setdefault("inbox_prefix", inbox_prefix(url))
     return await nats.connect(servers(url), name=name, **options)
 
 

@@ -13,16 +13,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 import yaml
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig
 
+from events.connect import connect, inbox_prefix
 from events.query import query_subject
 from events.server import EmbeddedNats, nats_server_binary
 from events.streams import ensure_all
 from events.subjects import Layout
+from tests.system.harness import eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -146,8 +147,8 @@ async def _connect(url: str, user: str) -> tuple[Client, Refusals]:
     async def on_error(e: Exception) -> None:
         refusals.append(str(e))
 
-    nc = await nats.connect(url.replace("nats://", f"nats://{user}:{PASSWORD}@"),
-                            error_cb=on_error, allow_reconnect=False)
+    nc = await connect(url.replace("nats://", f"nats://{user}:{PASSWORD}@"), user,
+                       error_cb=on_error, allow_reconnect=False)
     return nc, refusals
 
 
@@ -243,6 +244,24 @@ async def test_accounts_permissions_per_role(secured_nats: str) -> None:
     assert reply.data == b"answer"
 
     await asyncio.gather(*(nc.close() for nc in (cp, client, n1, proj)))
+
+
+def test_inbox_prefix_is_the_users_own() -> None:
+    assert inbox_prefix("nats://node-n1:pw@h:4222,nats://node-n1:pw@g:4222") == "_INBOX.node-n1"
+    assert inbox_prefix("nats://h:4222") == "_INBOX"
+    assert inbox_prefix("nats://s3cr3t-token@h:4222") == "_INBOX"  # never a token in a subject
+
+
+async def test_no_role_reads_another_roles_replies(secured_nats: str) -> None:
+    n1, refusals = await _connect(secured_nats, "node-n1")
+    await n1.subscribe("_INBOX.controlplane.>")
+    expected = 'permissions violation for subscription to "_inbox.controlplane.>"'
+
+    async def refused() -> bool:
+        return any(expected in r.lower() for r in refusals)
+
+    await eventually(refused, timeout=10, what="the server's refusal")
+    await n1.close()
 
 
 async def test_node_agent_asks_the_read_api_which_vmis_are_its_own(secured_nats: str) -> None:
