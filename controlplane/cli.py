@@ -294,8 +294,8 @@ def parser() -> argparse.ArgumentParser:
     x.add_argument("--domain-type", default="kvm", choices=["kvm", "qemu", "test"])
 
     s = sub.add_parser("sim", help="make things happen to a simulated (test-driver) host")
-    s.add_argument("action", choices=["guest-shutdown", "guest-crash", "agent-stop",
-                                      "agent-start"])
+    s.add_argument("action", choices=["guest-shutdown", "guest-crash", "guest-io-error",
+                                      "agent-stop", "agent-start"])
     s.add_argument("target", help="the VMI (guest-*) or the node (agent-*)")
     _namespace(s)
     s.set_defaults(run=cmd_sim)

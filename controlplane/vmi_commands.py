@@ -20,6 +20,7 @@ from events.errors import InvalidSpec
 from events.messages import DomainObservation
 from events.subjects import aggregate_id
 from events.vm import (
+    PAUSED_USER_REQUESTED,
     VM_KIND,
     VMI_KIND,
     VirtualMachineInstanceCreated,
@@ -130,9 +131,11 @@ def observe(d: Decision) -> None:
         return
     if obs.phase != state.phase and state.phase not in TERMINAL_PHASES:
         d.trigger(vmi, VirtualMachineInstancePhaseChanged, phase=obs.phase, reason=obs.reason)
-    if state.phase == "Running" and obs.paused != state.paused:
-        d.trigger(vmi, VirtualMachineInstancePaused if obs.paused
-                  else VirtualMachineInstanceUnpaused)
+    if state.phase == "Running" and obs.paused and not state.paused:
+        d.trigger(vmi, VirtualMachineInstancePaused,
+                  reason=obs.paused_reason or PAUSED_USER_REQUESTED)
+    elif state.phase == "Running" and not obs.paused and state.paused:
+        d.trigger(vmi, VirtualMachineInstanceUnpaused)
 
 
 # -- guest actions: the node does them, its observation confirms them ------------------------

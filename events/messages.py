@@ -94,6 +94,8 @@ class DomainObservation(msgspec.Struct, frozen=True, kw_only=True):
     """The domain no longer exists on the host."""
     paused: bool = False
     """The guest's vCPUs are suspended; its phase stays Running, as in KubeVirt."""
+    paused_reason: str = ""
+    """Why, when the hypervisor paused it (`PausedIOError`); '' for a user's pause."""
 
 
 class NodeReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,7 +108,8 @@ class NodeReport(msgspec.Struct, frozen=True, kw_only=True):
     """The request whose node work this report answers ("" for what the host did alone)."""
 
 
-SimAction = Literal["guest-shutdown", "guest-crash", "agent-stop", "agent-start", "domains"]
+SimAction = Literal["guest-shutdown", "guest-crash", "guest-io-error", "agent-stop",
+                    "agent-start", "domains"]
 
 
 class SimRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,8 +16,14 @@ VM_KIND: Final = "vm"
 VMI_KIND: Final = "vmi"
 
 PAUSED_USER_REQUESTED: Final = "PausedUserRequested"
-"""The reason of the Paused condition when a user paused the guest (virtbus pauses on no
-one else's behalf)."""
+"""The reason of the Paused condition when a user paused the guest."""
+PAUSED_IO_ERROR: Final = "PausedIOError"
+"""The reason of the Paused condition when the hypervisor paused the guest on a disk I/O
+error (libvirt's paused reason IOERROR), as virt-handler reports it."""
+PAUSED_MESSAGES: Final = {
+    PAUSED_USER_REQUESTED: "VMI was paused by user",
+    PAUSED_IO_ERROR: "VMI was paused, low-level IO error detected",
+}
 
 Phase = Literal["Pending", "Scheduling", "Scheduled", "Running", "Succeeded", "Failed"]
 StateChange = Literal["Start", "Stop"]

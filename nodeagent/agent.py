@@ -65,7 +65,7 @@ from nodeagent.defaults import (
 from nodeagent.devices import DeviceLedger
 from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
 from nodeagent.domxml import render_manifest
-from nodeagent.phases import GuestPhase, Observation, StopCause, phase_for
+from nodeagent.phases import GuestPhase, Observation, StopCause, paused_reason, phase_for
 from nodeagent.virterror import quiet_libvirt_errors
 from nodeagent.watcher import LifecycleWatcher, to_asyncio
 
@@ -202,7 +202,8 @@ class NodeAgent:
             phase = phase_for(state, reason)
             if phase is not None:
                 await self.report_domain(ref, phase, "found at agent start",
-                                         paused=state == libvirt.VIR_DOMAIN_PAUSED)
+                                         paused=state == libvirt.VIR_DOMAIN_PAUSED,
+                                         paused_reason=paused_reason(state, reason))
         self.ledger = DeviceLedger.rebuild(self.discovery.device_capacity(),
                                            [r.uid for r in self.domains.values()],
                                            node=self.cfg.node)
@@ -312,11 +313,13 @@ class NodeAgent:
                                       info=msgspec.to_builtins(info)))
 
     async def report_domain(self, ref: VMIRef, phase: str, reason: str = "", *,
-                            gone: bool = False, paused: bool = False) -> None:
+                            gone: bool = False, paused: bool = False,
+                            paused_reason: str = "") -> None:
         obs = DomainObservation(namespace=ref.namespace, name=ref.name, uid=ref.uid,
-                                phase=phase, reason=reason, gone=gone, paused=paused)
+                                phase=phase, reason=reason, gone=gone, paused=paused,
+                                paused_reason=paused_reason)
         self.log.info("observed", vmi=ref.name, namespace=ref.namespace, phase=phase,
-                      gone=gone, paused=paused, reason=reason)
+                      gone=gone, paused=paused, paused_reason=paused_reason, reason=reason)
         await self._report(NodeReport(id=str(uuid.uuid4()), node=self.cfg.node, kind="domain",
                                       domain=obs))
 
@@ -420,7 +423,8 @@ class NodeAgent:
             reason = str(obs.cause or "")
             with _serving(self.in_progress.get(ref.domain, "")):
                 if phase is GuestPhase.RUNNING:
-                    await self.report_domain(ref, phase, reason, paused=obs.paused)
+                    await self.report_domain(ref, phase, reason, paused=obs.paused,
+                                             paused_reason=obs.paused_reason)
                 else:
                     await self._remove(ref)
                     await self.report_domain(ref, phase, reason, gone=True)
@@ -457,6 +461,9 @@ class NodeAgent:
                                         self.watcher)
             case "guest-crash":
                 await asyncio.to_thread(lifecycle.simulate_guest_crash, self.conn, domain,
+                                        self.watcher)
+            case "guest-io-error":
+                await asyncio.to_thread(lifecycle.simulate_guest_io_error, self.conn, domain,
                                         self.watcher)
             case "agent-stop":
                 self.log.warning("simulated agent stop: no heartbeats, reports or work")

@@ -79,7 +79,7 @@ def graceful_stop(
     dom = _lookup(conn, name)
     if dom is None:
         return StopOutcome.ALREADY_GONE
-    watcher.expect_stop(name, StopCause.REQUESTED)
+    watcher.expect(name, StopCause.REQUESTED)
     try:
         outcome = (
             _stop(dom, grace_seconds, watcher) if dom.isActive() else StopOutcome.ALREADY_STOPPED
@@ -152,7 +152,7 @@ def restart(
         else:
             log.info("domain rebooted", domain=name)
             return
-    watcher.expect_stop(name, StopCause.RESTART)
+    watcher.expect(name, StopCause.RESTART)
     try:
         dom.destroy()
     except libvirt.libvirtError:
@@ -183,6 +183,14 @@ def simulate_guest_crash(conn: libvirt.virConnect, name: str, watcher: Lifecycle
     _simulate(conn, name, watcher, StopCause.GUEST_CRASH, lambda dom: dom.destroy())
 
 
+def simulate_guest_io_error(
+    conn: libvirt.virConnect, name: str, watcher: LifecycleWatcher
+) -> None:
+    """A disk I/O error pauses the guest (a disk's `error_policy` of stop, libvirt's and
+    KubeVirt's default): the test driver can only suspend, so the cause says why."""
+    _simulate(conn, name, watcher, StopCause.IO_ERROR, lambda dom: dom.suspend())
+
+
 def _simulate(
     conn: libvirt.virConnect,
     name: str,
@@ -192,7 +200,7 @@ def _simulate(
 ) -> None:
     ensure_test_uri(conn.getURI())
     dom = _require(conn, name)
-    watcher.expect_stop(name, cause)
+    watcher.expect(name, cause)
     try:
         act(dom)
     except libvirt.libvirtError:

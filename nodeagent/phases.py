@@ -3,7 +3,7 @@
 Two tables. `event_state` turns a lifecycle event into the domain state it leaves behind,
 so events and states found after an agent restart go through one decision, `phase_for`.
 libvirt alone cannot tell "we destroyed it" from "someone killed it", so the caller
-passes the `StopCause` it recorded when it asked (see `LifecycleWatcher.expect_stop`).
+passes the `StopCause` it recorded when it asked (see `LifecycleWatcher.expect`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from enum import StrEnum
 from typing import NamedTuple
 
 import libvirt
+
+from events.vm import PAUSED_IO_ERROR
 
 
 class GuestPhase(StrEnum):
@@ -23,7 +25,8 @@ class GuestPhase(StrEnum):
 
 
 class StopCause(StrEnum):
-    """Why a domain is about to stop, recorded before the stop so its event can be judged."""
+    """Why a domain is about to stop (or pause), recorded before it does so its event can be
+    judged."""
 
     REQUESTED = "requested"
     """Our stop (graceful shutdown, or destroy after the grace period)."""
@@ -33,6 +36,17 @@ class StopCause(StrEnum):
     """A simulated guest-initiated poweroff (test driver)."""
     GUEST_CRASH = "guest crash"
     """A simulated guest crash (test driver, where destroy stands in for it)."""
+    IO_ERROR = "io error"
+    """A simulated disk I/O error that pauses the guest (test driver, where suspend stands
+    in for it)."""
+
+    @property
+    def ends_with(self) -> int:
+        """The lifecycle event that carries this cause: a suspend for an I/O error, else
+        the stop."""
+        ends: int = (libvirt.VIR_DOMAIN_EVENT_SUSPENDED if self is StopCause.IO_ERROR
+                     else libvirt.VIR_DOMAIN_EVENT_STOPPED)
+        return ends
 
 
 class Observation(NamedTuple):
@@ -57,6 +71,14 @@ class Observation(NamedTuple):
         state = event_state(self.event, self.detail)
         return state is not None and state[0] == libvirt.VIR_DOMAIN_PAUSED
 
+    @property
+    def paused_reason(self) -> str:
+        """KubeVirt's Paused reason when the hypervisor paused the guest; '' otherwise."""
+        state = event_state(self.event, self.detail)
+        if state is None or state[0] != libvirt.VIR_DOMAIN_PAUSED:
+            return ""
+        return paused_reason(*state, self.cause)
+
 
 def event_state(event: int, detail: int) -> tuple[int, int] | None:
     """The (state, reason) a lifecycle event leaves; None for define/undefine.
@@ -64,7 +86,9 @@ def event_state(event: int, detail: int) -> tuple[int, int] | None:
     | event              | detail          | state        | reason            |
     |--------------------|-----------------|--------------|-------------------|
     | STARTED, RESUMED   | any             | RUNNING      | detail unused     |
-    | SUSPENDED          | any             | PAUSED       |                   |
+    | SUSPENDED          | PAUSED          | PAUSED       | PAUSED_USER       |
+    | SUSPENDED          | IOERROR         | PAUSED       | PAUSED_IOERROR    |
+    | SUSPENDED          | other           | PAUSED       | (unknown)         |
     | PMSUSPENDED        | any             | PMSUSPENDED  |                   |
     | SHUTDOWN           | any             | SHUTDOWN     | (shutting down)   |
     | CRASHED            | any             | CRASHED      |                   |
@@ -77,7 +101,7 @@ def event_state(event: int, detail: int) -> tuple[int, int] | None:
         case libvirt.VIR_DOMAIN_EVENT_STARTED | libvirt.VIR_DOMAIN_EVENT_RESUMED:
             return libvirt.VIR_DOMAIN_RUNNING, 0
         case libvirt.VIR_DOMAIN_EVENT_SUSPENDED:
-            return libvirt.VIR_DOMAIN_PAUSED, 0
+            return libvirt.VIR_DOMAIN_PAUSED, _SUSPENDED_REASONS.get(detail, 0)
         case libvirt.VIR_DOMAIN_EVENT_PMSUSPENDED:
             return libvirt.VIR_DOMAIN_PMSUSPENDED, 0
         case libvirt.VIR_DOMAIN_EVENT_SHUTDOWN:
@@ -88,6 +112,19 @@ def event_state(event: int, detail: int) -> tuple[int, int] | None:
             return libvirt.VIR_DOMAIN_SHUTOFF, detail + 1
         case _:
             return None
+
+
+_SUSPENDED_REASONS = {
+    libvirt.VIR_DOMAIN_EVENT_SUSPENDED_PAUSED: libvirt.VIR_DOMAIN_PAUSED_USER,
+    libvirt.VIR_DOMAIN_EVENT_SUSPENDED_IOERROR: libvirt.VIR_DOMAIN_PAUSED_IOERROR,
+}
+
+
+def paused_reason(state: int, reason: int, cause: StopCause | None = None) -> str:
+    """KubeVirt's Paused reason for a domain the hypervisor paused; '' for any other pause
+    (a user's: the control plane knows it asked)."""
+    io_error = reason == libvirt.VIR_DOMAIN_PAUSED_IOERROR or cause is StopCause.IO_ERROR
+    return PAUSED_IO_ERROR if state == libvirt.VIR_DOMAIN_PAUSED and io_error else ""
 
 
 def phase_for(state: int, reason: int, cause: StopCause | None = None) -> GuestPhase | None:

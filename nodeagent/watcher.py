@@ -87,8 +87,9 @@ class LifecycleWatcher:
     ) -> None:
         self.close()
 
-    def expect_stop(self, name: str, cause: StopCause) -> None:
-        """Record why `name` is about to stop; its next STOPPED event carries this cause."""
+    def expect(self, name: str, cause: StopCause) -> None:
+        """Record why `name` is about to stop (or pause); the next event of that kind
+        (`cause.ends_with`) carries this cause."""
         with self._changed:
             self._causes[name] = cause
 
@@ -107,8 +108,9 @@ class LifecycleWatcher:
     ) -> None:
         name = dom.name()
         with self._changed:
-            stopped = event == libvirt.VIR_DOMAIN_EVENT_STOPPED
-            cause = self._causes.pop(name, None) if stopped else None
+            expected = self._causes.get(name)
+            ends = expected is not None and event == expected.ends_with
+            cause = self._causes.pop(name) if ends else None
             self._changed.notify_all()
         observation = Observation(name, dom.UUIDString(), event, detail, cause)
         self._log.debug(

@@ -12,7 +12,7 @@ from events.api.resources import DEFAULT_TUNING, ClusterTuning, vmi_resources
 from events.codec import Event
 from events.nodes import NODE_KIND
 from events.subjects import aggregate_id, split_aggregate_id
-from events.vm import VM_KIND, VMI_KIND
+from events.vm import PAUSED_MESSAGES, VM_KIND, VMI_KIND
 from projections.hco import HCO_VIEW_KINDS
 from projections.views import (
     NodeView,
@@ -127,7 +127,7 @@ def paused_condition(vmi: VirtualMachineInstanceView | None) -> list[dict[str, A
     if vmi is None or not vmi.paused:
         return []
     return [{"type": "Paused", "status": "True", "reason": vmi.paused_reason,
-             "message": "VMI was paused by user", "lastProbeTime": None,
+             "message": PAUSED_MESSAGES.get(vmi.paused_reason, ""), "lastProbeTime": None,
              "lastTransitionTime": iso(vmi.paused_at)}]
 
 

@@ -19,6 +19,7 @@ from nodeagent.lifecycle import (
     pause,
     restart,
     simulate_guest_crash,
+    simulate_guest_io_error,
     simulate_guest_shutdown,
     unpause,
 )
@@ -211,6 +212,19 @@ def test_simulated_guest_stops(
     simulate(conn, guest.name(), watcher)
     stopped = recorder.wait_for(guest.name(), STOPPED)
     assert (stopped.cause, stopped.phase) == (cause, phase)
+
+
+def test_simulated_io_error_pauses_with_its_cause(
+    conn: libvirt.virConnect,
+    watcher: LifecycleWatcher,
+    recorder: Recorder,
+    guest: libvirt.virDomain,
+) -> None:
+    simulate_guest_io_error(conn, guest.name(), watcher)
+    paused = recorder.wait_for(guest.name(), SUSPENDED)
+    assert (paused.cause, paused.phase, paused.paused_reason) == (
+        StopCause.IO_ERROR, GuestPhase.RUNNING, "PausedIOError")
+    assert guest.state()[0] == libvirt.VIR_DOMAIN_PAUSED
 
 
 @pytest.mark.parametrize("uri", ["qemu:///system", "qemu+ssh://host/system", "xen:///"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libvirt as lv
 import pytest
 
-from nodeagent.phases import GuestPhase, Observation, StopCause, phase_for
+from nodeagent.phases import GuestPhase, Observation, StopCause, paused_reason, phase_for
 
 RUNNING, SUCCEEDED, FAILED = GuestPhase.RUNNING, GuestPhase.SUCCEEDED, GuestPhase.FAILED
 
@@ -101,3 +101,18 @@ def test_state_phase_after_an_agent_restart(
 def test_paused_is_reported_apart_from_the_phase(event: int, paused: bool) -> None:
     """A paused guest is still Running (KubeVirt keeps the phase and adds a condition)."""
     assert Observation("vmi", "uuid", event, 0).paused is paused
+
+
+def test_an_io_error_pause_is_told_apart_from_a_users() -> None:
+    """virt-handler's Paused reason: PausedIOError when the hypervisor paused the guest on
+    a disk error, from the event, the cause we recorded, or the state found at restart."""
+    suspended = lv.VIR_DOMAIN_EVENT_SUSPENDED
+    io_error = Observation("vmi", "uuid", suspended, lv.VIR_DOMAIN_EVENT_SUSPENDED_IOERROR)
+    assert (io_error.paused, io_error.paused_reason) == (True, "PausedIOError")
+    simulated = Observation("vmi", "uuid", suspended, 0, StopCause.IO_ERROR)
+    assert simulated.paused_reason == "PausedIOError"
+    assert Observation("vmi", "uuid", suspended, 0).paused_reason == ""
+    assert Observation("vmi", "uuid", lv.VIR_DOMAIN_EVENT_RESUMED, 0).paused_reason == ""
+    assert paused_reason(lv.VIR_DOMAIN_PAUSED, lv.VIR_DOMAIN_PAUSED_IOERROR) == "PausedIOError"
+    assert paused_reason(lv.VIR_DOMAIN_PAUSED, lv.VIR_DOMAIN_PAUSED_USER) == ""
+    assert paused_reason(lv.VIR_DOMAIN_RUNNING, 0, StopCause.IO_ERROR) == ""

@@ -120,10 +120,11 @@ async def _gone_with(vb: Client, name: str) -> list[str] | None:
     return await reasons(vb, name)
 
 
-async def test_simulated_guest_shutdown_and_crash(system: System, vb: Client) -> None:
-    await vb.apply(vm_manifest("down"), vm_manifest("crash"), vmi_manifest("lone"))
+async def test_simulated_guest_shutdown_crash_and_io_error(system: System, vb: Client) -> None:
+    await vb.apply(vm_manifest("down"), vm_manifest("crash"), vmi_manifest("lone"),
+                   vm_manifest("disk"))
     first = {}
-    for name in ("down", "crash", "lone"):
+    for name in ("down", "crash", "lone", "disk"):
         vmi = await eventually(running(vb, name), what=f"{name} Running")
         first[name] = vmi["metadata"]["uid"]
 
@@ -143,7 +144,22 @@ async def test_simulated_guest_shutdown_and_crash(system: System, vb: Client) ->
     assert "/status/phase" in {c["path"] for e in history for c in e.changes
                                if c.get("value") == "Succeeded"}
     owned = {d.uid for node in ("node-1", "node-2") for d in await domains(vb, node)}
-    assert not owned & set(first.values()), "a finished guest's domain was left behind"
+    assert not owned & {first[n] for n in ("down", "crash", "lone")}, \
+        "a finished guest's domain was left behind"
+
+    # A disk I/O error pauses the guest; it stays Running with virt-handler's reason, and
+    # unpausing it is the user's call.
+    assert (await virtbus(system, "sim", "guest-io-error", "disk")).code == 0
+    vm = await eventually(lambda: vm_status(vb, "disk", "Paused"), what="VM Paused")
+    cond = condition(vm, "Paused")
+    assert cond is not None
+    assert (cond["reason"], cond["message"]) == (
+        "PausedIOError", "VMI was paused, low-level IO error detected")
+    vmi = await vb.get("VirtualMachineInstance", "default", "disk")
+    assert vmi["status"]["phase"] == "Running"
+    assert (await virtbus(system, "unpause", "disk")).code == 0
+    vm = await eventually(lambda: vm_status(vb, "disk", "Running"), what="VM running again")
+    assert condition(vm, "Paused") is None
 
 
 async def test_agent_stop_start_and_kill(system: System, vb: Client) -> None:
