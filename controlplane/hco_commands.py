@@ -75,6 +75,18 @@ def existing_vms(d_: Decision) -> list[Aggregate[VirtualMachineView]]:
     return [vm for vm in vms if vm.exists]
 
 
+def effective_kubevirt_configuration(d_: Decision) -> dict[str, Any]:
+    """`spec.configuration` of the KubeVirt CR as HCO last wrote it, read on the decision's
+    fresh state ({} while there is none, as the read side's `effective_kubevirt` says):
+    what KubeVirt's own admission and defaulting read their cluster settings from."""
+    kubevirt = d_.load(operand_id(KUBEVIRT.kind, KUBEVIRT.name(HyperConverged())), OperandView)
+    if not kubevirt.exists:
+        return {}
+    configuration: dict[str, Any] = kubevirt.state.object.get("spec", {}).get(
+        "configuration", {})
+    return configuration
+
+
 def with_cluster_cpu_model(d_: Decision,
                            spec: VirtualMachineInstanceSpec) -> VirtualMachineInstanceSpec:
     """KubeVirt's VMI defaulting: a VMI created without a CPU model gets the effective
@@ -82,8 +94,7 @@ def with_cluster_cpu_model(d_: Decision,
     cpu = spec.domain.cpu or CPU()
     if cpu.model:
         return spec
-    kubevirt = d_.load(operand_id(KUBEVIRT.kind, KUBEVIRT.name(HyperConverged())), OperandView)
-    model = kubevirt.state.object.get("spec", {}).get("configuration", {}).get("cpuModel", "")
+    model = effective_kubevirt_configuration(d_).get("cpuModel", "")
     if not model:
         return spec
     domain = msgspec.structs.replace(spec.domain, cpu=msgspec.structs.replace(cpu, model=model))

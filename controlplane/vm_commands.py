@@ -14,6 +14,7 @@ from __future__ import annotations
 import uuid
 
 from controlplane.aggregate import Aggregate
+from controlplane.feature_gates import VM_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
 from events.api.manifest import decode_object
 from events.api.vm import VirtualMachine
@@ -49,6 +50,7 @@ def apply(d: Decision) -> None:
         raise InvalidSpec("manifest", "apply needs the object")
     new = decode_object(d.command.manifest)
     assert isinstance(new, VirtualMachine)
+    admit_by_feature_gates(d, new.spec.template.spec, VM_SPEC_PATH)
     meta = new.metadata
     vm = d.load(aggregate_id(VM_KIND, meta.namespace, meta.name), VirtualMachineView)
     if not vm.exists:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import uuid
 
 import msgspec
+import structlog
 
 from controlplane.aggregate import Aggregate
+from controlplane.feature_gates import VMI_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
 from controlplane.hco_commands import with_cluster_cpu_model
 from controlplane.vm_commands import KIND as VM_KIND_NAME
@@ -34,6 +36,8 @@ from events.vm import (
 )
 from projections.views import TERMINAL_PHASES, VirtualMachineInstanceView, VirtualMachineView
 
+log = structlog.get_logger(__name__)
+
 KIND = "VirtualMachineInstance"
 
 
@@ -51,6 +55,7 @@ def apply(d: Decision) -> None:
         raise InvalidSpec("manifest", "apply needs the object")
     new = decode_object(d.command.manifest)
     assert isinstance(new, VirtualMachineInstance)
+    admit_by_feature_gates(d, new.spec, VMI_SPEC_PATH)
     vmi = d.load(aggregate_id(VMI_KIND, new.metadata.namespace, new.metadata.name),
                  VirtualMachineInstanceView)
     if vmi.exists:
@@ -71,6 +76,14 @@ def create_for_vm(d: Decision) -> None:
         raise Rejected("no longer needed")
     assert vm.state.spec is not None
     template = vm.state.spec.template
+    try:
+        admit_by_feature_gates(d, template.spec, VMI_SPEC_PATH)
+    except InvalidSpec as refused:
+        # Admitted while the gate was on; KubeVirt's VMI webhook refuses it now, and so here.
+        log.warning("VMI of an admitted VM refused: its feature gate has been turned off",
+                    namespace=cmd.namespace, name=cmd.name, field=refused.field,
+                    reason=refused.rule)
+        raise
     labels = {**template.metadata.labels, "kubevirt.io/vm": cmd.name}
     meta = ObjectMeta(name=cmd.name, namespace=cmd.namespace, labels=labels,
                       annotations=dict(template.metadata.annotations))

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         CPU,
         Clock,
         Devices,
+        Disk,
         DomainSpec,
         FeatureHyperv,
         Features,
@@ -33,6 +34,12 @@ INPUT_TYPES = ("tablet",)
 INPUT_BUSES = ("virtio", "usb")
 DISK_BUSES = ("virtio", "sata", "scsi", "usb")
 CDROM_BUSES = ("sata", "scsi", "usb")
+LUN_BUSES = ("scsi",)
+"""SCSI passthrough (`device='lun'`) and persistent reservations (QEMU's scsi-block with a
+pr-manager) need a SCSI controller: virtbus takes scsi only, and defaults to it, where KubeVirt
+lists more buses and defaults an unset one to sata on amd64 as for any disk."""
+LUN_VOLUME_SOURCES = "dataVolume or persistentVolumeClaim"
+"""A LUN is a block device: only a claim can be one (KubeVirt's rule)."""
 HUGEPAGE_SIZES = ("2Mi", "1Gi")
 """The x86_64 sizes a node can pre-allocate; any other size can never be scheduled."""
 TICK_POLICIES = {
@@ -272,14 +279,16 @@ def _validate_devices(devices: Devices, at: str) -> None:
     for index, disk in enumerate(devices.disks):
         field = f"{at}.disks[{index}]"
         _require(
-            disk.disk is None or disk.cdrom is None,
+            sum(device is not None for device in (disk.disk, disk.cdrom, disk.lun)) <= 1,
             field,
-            "must set either disk or cdrom, not both",
+            "must set only one of disk, cdrom or lun (none is a disk)",
         )
         if disk.disk is not None and disk.disk.bus:
             _one_of(disk.disk.bus, DISK_BUSES, f"{field}.disk.bus")
         if disk.cdrom is not None and disk.cdrom.bus:
             _one_of(disk.cdrom.bus, CDROM_BUSES, f"{field}.cdrom.bus")
+        if disk.lun is not None and disk.lun.bus:
+            _one_of(disk.lun.bus, LUN_BUSES, f"{field}.lun.bus")
         if disk.boot_order is not None:
             _require(disk.boot_order > 0, f"{field}.bootOrder", "must be greater than zero")
             _require(
@@ -292,13 +301,15 @@ def _validate_devices(devices: Devices, at: str) -> None:
 
 def _validate_volumes(devices: Devices, volumes: list[Volume], path: str) -> None:
     _unique([v.name for v in volumes], f"{path}.volumes[{{}}].name")
-    by_name = {v.name for v in volumes}
+    by_name = {v.name: v for v in volumes}
     for index, disk in enumerate(devices.disks):
+        field = f"{path}.domain.devices.disks[{index}]"
         _require(
             disk.name in by_name,
-            f"{path}.domain.devices.disks[{index}].name",
+            f"{field}.name",
             f"must match the name of a volume in {path}.volumes",
         )
+        _validate_disk_volume(disk, by_name[disk.name], field)
     disk_names = {d.name for d in devices.disks}
     for index, volume in enumerate(volumes):
         field = f"{path}.volumes[{index}]"
@@ -308,6 +319,7 @@ def _validate_volumes(devices: Devices, volumes: list[Volume], path: str) -> Non
             volume.data_volume,
             volume.empty_disk,
             volume.cloud_init_no_cloud,
+            volume.downward_metrics,
         )
         _require(
             sum(s is not None for s in sources) == 1, field, "must have exactly one volume source"
@@ -319,3 +331,26 @@ def _validate_volumes(devices: Devices, volumes: list[Volume], path: str) -> Non
         )
         if volume.empty_disk is not None:
             _parsed(volume.empty_disk.capacity, f"{field}.emptyDisk.capacity")
+
+
+def _validate_disk_volume(disk: Disk, volume: Volume, field: str) -> None:
+    """What a disk's device type asks of its volume, as KubeVirt's VMI admission checks it."""
+    if disk.lun is not None:
+        _require(
+            volume.persistent_volume_claim is not None or volume.data_volume is not None,
+            f"{field}.lun",
+            f"can only be mapped to a {LUN_VOLUME_SOURCES} volume",
+        )
+    if volume.downward_metrics is None:
+        return
+    _require(
+        disk.cdrom is None and disk.lun is None,
+        f"{field}.disk",
+        "DownwardMetrics volume must be used with a disk, not a cdrom or lun",
+    )
+    bus = disk.disk.bus if disk.disk is not None else ""
+    _require(
+        bus in ("", "virtio"),
+        f"{field}.disk.bus",
+        f"DownwardMetrics volume must be on the virtio bus, not {bus!r}",
+    )

@@ -21,10 +21,23 @@ VIDEO_VRAM_KIB: Final = 16 * 1024
 
 DISK_BUS: Final = "virtio"
 CDROM_BUS: Final = "sata"
+LUN_BUS: Final = "scsi"
+"""A lun needs a SCSI controller (see `events.api.validation.LUN_BUSES`); KubeVirt's amd64
+default for an unset bus is sata, as for any disk."""
 INPUT_BUS: Final = "usb"
 """An input device without a bus goes on USB (seed)."""
 
 RNG_BACKEND: Final = "/dev/urandom"
+
+PR_HELPER_SOCKET: Final = "/var/run/kubevirt/daemons/pr/pr-helper.sock"
+"""KubeVirt's qemu-pr-helper socket for `lun.reservation` (reservation.GetPrHelperSocketPath);
+a host offering reservations runs qemu-pr-helper listening there."""
+DOWNWARD_METRICS_CHANNEL: Final = "org.github.vhostmd.1"
+"""The virtio-serial port name vhostmd clients open in the guest
+(`/dev/virtio-ports/org.github.vhostmd.1`; KubeVirt's DownwardMetricsSerialDeviceName)."""
+DOWNWARD_METRICS_SOCKET: Final = "downwardmetrics.sock"
+"""The channel's socket in the VMI's socket directory (KubeVirt: downwardmetrics.sock under
+/var/run/kubevirt-private/downwardmetrics-channel in the launcher pod)."""
 
 SMBIOS_MANUFACTURER: Final = "KubeVirt"
 SMBIOS_PRODUCT: Final = "None"

@@ -10,6 +10,22 @@ Every volume becomes a file the agent prepares under the VMI's disk directory
 | persistentVolumeClaim   | `<volume>.img`        | raw    |
 | dataVolume              | `<volume>.img`        | raw    |
 | cloudInitNoCloud        | `<volume>.iso`        | raw (NoCloud ISO) |
+| downwardMetrics         | `<volume>.img`        | raw (vhostmd metrics disk) |
+
+The disk's device type decides the `<disk>` element:
+
+| disk           | element                                   | read-only                |
+|----------------|-------------------------------------------|--------------------------|
+| disk (or none) | `type='file' device='disk'`, source file  | `disk.readonly`          |
+| cdrom          | `type='file' device='cdrom'`, source file | unless `readonly: false` |
+| lun            | `type='block' device='lun'`, source dev   | `lun.readonly`           |
+| downwardMetrics volume (a disk) | as disk                  | always                   |
+
+A lun's path is the same name, but must be a block device (or a symlink to one): libvirt
+takes `device='lun'` only with a block or network source, as virt-launcher emits for block
+claims. `lun.reservation` adds `<reservations managed='no'>` on the qemu-pr-helper socket
+(`defaults.PR_HELPER_SOCKET`). KubeVirt writes the downwardMetrics disk itself (vhostmd
+format, at a fixed path in the launcher pod); virtbus only names and attaches it.
 
 Target names follow the bus as in KubeVirt: `vdX` on virtio, `sdX` on sata/scsi/usb.
 """
@@ -58,6 +74,8 @@ def device_name(prefix: str, index: int) -> str:
 def disk_bus(disk: Disk) -> str:
     if disk.cdrom is not None:
         return disk.cdrom.bus or defaults.CDROM_BUS
+    if disk.lun is not None:
+        return disk.lun.bus or defaults.LUN_BUS
     return disk.disk.bus if disk.disk is not None and disk.disk.bus else defaults.DISK_BUS
 
 
@@ -69,26 +87,43 @@ def configure_disks(spec: VMISpecLike, ctx: ConverterContext, domain: Element) -
         prefix = "vd" if bus == "virtio" else "sd"
         target = device_name(prefix, used.get(prefix, 0))
         used[prefix] = used.get(prefix, 0) + 1
-        _add_disk(
-            child(domain, "devices"), disk, bus, target, volume_source(ctx, volumes[disk.name])
-        )
+        volume = volumes[disk.name]
+        _add_disk(child(domain, "devices"), disk, bus, target, volume_source(ctx, volume),
+                  readonly=_readonly(disk, volume))
 
 
-def _add_disk(devices: Element, disk: Disk, bus: str, target: str, source: DiskSource) -> None:
-    cdrom = disk.cdrom
-    element = sub(devices, "disk", type="file", device="cdrom" if cdrom is not None else "disk")
+def _readonly(disk: Disk, volume: Volume) -> bool:
+    if volume.downward_metrics is not None:
+        return True
+    if disk.cdrom is not None:
+        return disk.cdrom.readonly is not False
+    if disk.lun is not None:
+        return disk.lun.readonly
+    return disk.disk is not None and disk.disk.readonly
+
+
+def _add_disk(devices: Element, disk: Disk, bus: str, target: str, source: DiskSource,
+              *, readonly: bool) -> None:
+    cdrom, lun = disk.cdrom, disk.lun
+    if lun is not None:
+        element = sub(devices, "disk", type="block", device="lun")
+    else:
+        element = sub(devices, "disk", type="file",
+                      device="cdrom" if cdrom is not None else "disk")
     driver = sub(element, "driver", name="qemu", type=source.format)
     if disk.cache:
         driver.set("cache", disk.cache)
-    sub(element, "source", file=source.path)
+    if lun is None:
+        sub(element, "source", file=source.path)
+    else:
+        source_element = sub(element, "source", dev=source.path)
+        if lun.reservation:
+            reservations = sub(source_element, "reservations", managed="no")
+            sub(reservations, "source", type="unix", path=defaults.PR_HELPER_SOCKET,
+                mode="client")
     target_element = sub(element, "target", dev=target, bus=bus)
     if cdrom is not None and cdrom.tray:
         target_element.set("tray", cdrom.tray)
-    readonly = (
-        cdrom.readonly is not False
-        if cdrom is not None
-        else bool(disk.disk and disk.disk.readonly)
-    )
     if readonly:
         sub(element, "readonly")
     if disk.serial:

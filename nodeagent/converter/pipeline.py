@@ -6,6 +6,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from nodeagent.converter.channels import configure_channels
 from nodeagent.converter.clock import configure_clock
 from nodeagent.converter.console import configure_console
 from nodeagent.converter.controllers import configure_controllers
@@ -43,6 +44,7 @@ CONFIGURATORS: tuple[Configurator, ...] = (
     configure_controllers,
     configure_interfaces,
     configure_console,
+    configure_channels,
     configure_inputs,
     configure_graphics,
     configure_balloon,

@@ -60,6 +60,8 @@ def inputs(*entries: dict[str, Any]) -> dict[str, Any]:
     return {f"{DOMAIN}.devices.inputs": list(entries)}
 
 
+PVC_ROOT = {"spec.volumes": [{"name": "root", "persistentVolumeClaim": {"claimName": "c"}}]}
+METRICS_ROOT = {"spec.volumes": [{"name": "root", "downwardMetrics": {}}]}
 SMM_OFF = {f"{DOMAIN}.features.smm.enabled": False}
 SECURE_BOOT = {f"{DOMAIN}.firmware.bootloader.efi.secureBoot": True}
 PAGE_SIZE = f"{DOMAIN}.memory.hugepages.pageSize"
@@ -273,7 +275,53 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "disk-and-cdrom",
         disks({"name": "root", "disk": {}, "cdrom": {}}),
         f"{DOMAIN}.devices.disks[0]",
-        "either disk or cdrom",
+        "only one of disk, cdrom or lun",
+    ),
+    (
+        "disk-and-lun",
+        disks({"name": "root", "disk": {}, "lun": {}}),
+        f"{DOMAIN}.devices.disks[0]",
+        "only one of disk, cdrom or lun",
+    ),
+    (
+        "lun-bus",
+        disks({"name": "root", "lun": {"bus": "virtio"}}) | PVC_ROOT,
+        f"{DOMAIN}.devices.disks[0].lun.bus",
+        "must be one of scsi; got 'virtio'",
+    ),
+    (
+        "lun-on-container-disk",
+        disks({"name": "root", "lun": {}}),
+        f"{DOMAIN}.devices.disks[0].lun",
+        "can only be mapped to a dataVolume or persistentVolumeClaim volume",
+    ),
+    (
+        "lun-seed-spelling",
+        disks({"name": "root", "lun": {"reservations": True}}) | PVC_ROOT,
+        f"{DOMAIN}.devices.disks[0].lun",
+        "unknown field `reservations`",
+    ),
+    (
+        "downward-metrics-on-cdrom",
+        disks({"name": "root", "cdrom": {}}) | METRICS_ROOT,
+        f"{DOMAIN}.devices.disks[0].disk",
+        "DownwardMetrics volume must be used with a disk",
+    ),
+    (
+        "downward-metrics-on-sata",
+        disks({"name": "root", "disk": {"bus": "sata"}}) | METRICS_ROOT,
+        f"{DOMAIN}.devices.disks[0].disk.bus",
+        "must be on the virtio bus",
+    ),
+    (
+        "downward-metrics-and-another-source",
+        {
+            "spec.volumes": [
+                {"name": "root", "downwardMetrics": {}, "emptyDisk": {"capacity": "1Gi"}}
+            ]
+        },
+        "spec.volumes[0]",
+        "exactly one volume source",
     ),
     (
         "disk-bus",
@@ -358,3 +406,22 @@ def test_vm_fields_are_under_the_template() -> None:
 
 def test_valid_base_renders() -> None:
     assert render_manifest(BASE).startswith('<domain type="kvm">')
+
+
+def test_lun_and_downward_metrics_are_admitted() -> None:
+    """The shapes the new rules refuse elsewhere, written correctly: a lun on a claim (bus
+    defaulted to scsi) and a downwardMetrics volume on a plain disk."""
+    doc = patched(
+        disks({"name": "root", "lun": {"reservation": True}}, {"name": "metrics"})
+        | {
+            "spec.volumes": [
+                {"name": "root", "dataVolume": {"name": "dv"}},
+                {"name": "metrics", "downwardMetrics": {}},
+            ],
+            f"{DOMAIN}.devices.downwardMetrics": {},
+        }
+    )
+    xml = render_manifest(doc)
+    assert '<disk type="block" device="lun">' in xml
+    assert '<target dev="sda" bus="scsi" />' in xml
+    assert 'name="org.github.vhostmd.1"' in xml

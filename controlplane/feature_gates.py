@@ -1,0 +1,86 @@
+"""Admission by feature gate: a spec that uses a gated KubeVirt feature is refused while the
+effective KubeVirt CR's `configuration.developerConfiguration.featureGates` lacks the gate,
+as KubeVirt's VM and VMI admission webhooks refuse it.
+
+| gate (HyperConverged `spec.featureGates`)      | VMI spec field that needs it             |
+|------------------------------------------------|------------------------------------------|
+| DownwardMetrics (`downwardMetrics`)            | `domain.devices.downwardMetrics`         |
+| DownwardMetrics (`downwardMetrics`)            | `volumes[i].downwardMetrics`             |
+| PersistentReservation (`persistentReservation`)| `domain.devices.disks[i].lun.reservation`|
+
+| command                          | field prefix          | gate off                  |
+|----------------------------------|-----------------------|---------------------------|
+| VirtualMachine apply             | `spec.template.spec.` | refused, nothing appended |
+| VirtualMachineInstance apply     | `spec.`               | refused, nothing appended |
+| VMI create-for-vm (VM controller)| `spec.`               | refused and logged        |
+
+A VM admitted while its gate was on and whose gate is turned off since gets its VMI
+refused, as KubeVirt's VMI webhook refuses it: the VM stays without a VMI, decided again at
+its next change or the controllers' next resync (control-plane start).
+
+The first use found is reported (table order), like every other admission rule here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Final
+
+from controlplane.hco.operands.kubevirt import MAPPED_FEATURE_GATES
+from controlplane.hco_commands import effective_kubevirt_configuration
+from events.errors import InvalidSpec
+
+if TYPE_CHECKING:
+    from controlplane.handling import Decision
+    from events.api.validation import VMISpecLike
+
+VM_SPEC_PATH: Final = "spec.template.spec"
+VMI_SPEC_PATH: Final = "spec"
+
+DOWNWARD_METRICS: Final = MAPPED_FEATURE_GATES["downward_metrics"]
+PERSISTENT_RESERVATION: Final = MAPPED_FEATURE_GATES["persistent_reservation"]
+
+
+def _downward_metrics_device(spec: VMISpecLike) -> Iterator[str]:
+    if spec.domain.devices.downward_metrics is not None:
+        yield "domain.devices.downwardMetrics"
+
+
+def _downward_metrics_volumes(spec: VMISpecLike) -> Iterator[str]:
+    for index, volume in enumerate(spec.volumes):
+        if volume.downward_metrics is not None:
+            yield f"volumes[{index}].downwardMetrics"
+
+
+def _lun_reservations(spec: VMISpecLike) -> Iterator[str]:
+    for index, disk in enumerate(spec.domain.devices.disks):
+        if disk.lun is not None and disk.lun.reservation:
+            yield f"domain.devices.disks[{index}].lun.reservation"
+
+
+GATED_FIELDS: Final[tuple[tuple[str, Callable[[VMISpecLike], Iterator[str]]], ...]] = (
+    (DOWNWARD_METRICS, _downward_metrics_device),
+    (DOWNWARD_METRICS, _downward_metrics_volumes),
+    (PERSISTENT_RESERVATION, _lun_reservations),
+)
+"""Gate -> the fields (relative to the VMI spec) of a spec that use what it gates."""
+
+
+def check_feature_gates(spec: VMISpecLike, enabled: frozenset[str], path: str) -> None:
+    """Refuse `spec` if it uses a gated feature whose gate is not in `enabled` (pure)."""
+    for gate, uses in GATED_FIELDS:
+        if gate in enabled:
+            continue
+        for field in uses(spec):
+            raise InvalidSpec(f"{path}.{field}", f"the {gate} feature gate is not enabled")
+
+
+def enabled_feature_gates(d: Decision) -> frozenset[str]:
+    """The gates of the effective KubeVirt CR, on the decision's fresh state."""
+    developer = effective_kubevirt_configuration(d).get("developerConfiguration", {})
+    return frozenset(developer.get("featureGates", []))
+
+
+def admit_by_feature_gates(d: Decision, spec: VMISpecLike, path: str) -> None:
+    """KubeVirt's gate checks at admission, against the cluster configuration of now."""
+    check_feature_gates(spec, enabled_feature_gates(d), path)

@@ -1,0 +1,186 @@
+"""Admission by feature gate on the real store: a VM or VMI that uses a gated feature is
+refused, naming the field, while the effective KubeVirt CR (derived by the HCO controller
+from the HyperConverged) lacks the gate, and nothing is appended; with the gate on it is
+accepted. A VM admitted under the gate gets its VMI refused once the gate is turned off."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, NamedTuple
+
+import msgspec
+import pytest
+from structlog.testing import capture_logs
+
+from controlplane.controllers.hco import HCOController
+from controlplane.controllers.vm import VMController
+from controlplane.feature_gates import check_feature_gates
+from controlplane.handling import CommandHandler, Result
+from events.api import hco_defaults as d
+from events.api.vm import VirtualMachineInstanceSpec
+from events.errors import InvalidSpec
+from events.jetstream import JetStreamApplicationRecorder
+from events.messages import Command
+from projections.cluster import ClusterState
+from projections.hco import effective_kubevirt
+
+
+class Case(NamedTuple):
+    feature: str
+    hco_gate: str
+    """The HyperConverged `spec.featureGates` entry."""
+    gate: str
+    """The KubeVirt gate it maps to."""
+    field: str
+    """The refused field, relative to the VMI spec."""
+
+
+CASES = [
+    Case("downward-metrics-device", "downwardMetrics", "DownwardMetrics",
+         "domain.devices.downwardMetrics"),
+    Case("downward-metrics-volume", "downwardMetrics", "DownwardMetrics",
+         "volumes[1].downwardMetrics"),
+    Case("lun-reservation", "persistentReservation", "PersistentReservation",
+         "domain.devices.disks[1].lun.reservation"),
+]
+KINDS = {"VirtualMachine": "spec.template.spec", "VirtualMachineInstance": "spec"}
+"""Kind -> where its VMI spec is."""
+HCO_GATES = ("downwardMetrics", "persistentReservation")
+
+
+def spec_using(feature: str) -> dict[str, Any]:
+    """A valid VMI spec whose only gated part is `feature`."""
+    disks: list[dict[str, Any]] = [{"name": "root", "disk": {}}]
+    volumes: list[dict[str, Any]] = [{"name": "root", "containerDisk": {"image": "img"}}]
+    devices: dict[str, Any] = {"disks": disks}
+    match feature:
+        case "downward-metrics-device":
+            devices["downwardMetrics"] = {}
+        case "downward-metrics-volume":
+            disks.append({"name": "metrics", "disk": {}})
+            volumes.append({"name": "metrics", "downwardMetrics": {}})
+        case "lun-reservation":
+            disks.append({"name": "shared", "lun": {"reservation": True}})
+            volumes.append({"name": "shared", "persistentVolumeClaim": {"claimName": "shared"}})
+    return {"domain": {"resources": {"requests": {"memory": "64Mi"}}, "devices": devices},
+            "volumes": volumes}
+
+
+def vm(name: str, spec: dict[str, Any], run_strategy: str = "Halted") -> dict[str, Any]:
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"runStrategy": run_strategy, "template": {"spec": spec}}}
+
+
+def vmi(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": name, "namespace": "default"}, "spec": spec}
+
+
+def apply(manifest: dict[str, Any]) -> Command:
+    meta = manifest["metadata"]
+    return Command(id=str(uuid.uuid4()), actor="user:erin", kind=manifest["kind"], verb="apply",
+                   namespace=meta.get("namespace", ""), name=meta["name"], manifest=manifest)
+
+
+def run(handler: CommandHandler, state: ClusterState, command: Command) -> Result:
+    """Execute and fold the events into `state`, as the control loop does."""
+    result = handler.execute(command)
+    for sequence, event in result.events:
+        state.apply(event, sequence)
+    return result
+
+
+def set_gates(handler: CommandHandler, state: ClusterState, **gates: bool) -> list[str]:
+    """Apply a HyperConverged with these featureGates and let the HCO controller write the
+    KubeVirt CR it derives; the KubeVirt CR's gates, as written."""
+    hco = {"apiVersion": d.API_VERSION, "kind": d.KIND,
+           "metadata": {"name": d.DEFAULT_NAME, "namespace": d.DEFAULT_NAMESPACE},
+           "spec": {"featureGates": gates}}
+    assert run(handler, state, apply(hco)).outcome.accepted
+    for command in HCOController().reconcile(state):
+        assert run(handler, state, command).outcome.accepted
+    kubevirt = effective_kubevirt(state)
+    assert kubevirt is not None
+    gates_written: list[str] = (
+        kubevirt["spec"]["configuration"]["developerConfiguration"]["featureGates"])
+    return gates_written
+
+
+def last_sequence(handler: CommandHandler) -> int:
+    recorder = handler.app.recorder
+    assert isinstance(recorder, JetStreamApplicationRecorder)
+    return recorder.max_notification_id() or 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("case", CASES, ids=[c.feature for c in CASES])
+def test_gated_feature_is_refused_until_its_gate_is_on(
+        handler: CommandHandler, kind: str, case: Case) -> None:
+    state = ClusterState()
+    build = vm if kind == "VirtualMachine" else vmi
+    manifest = build("gated", spec_using(case.feature))
+    # Every other gate on: the refusal is this gate's, not a blanket one.
+    others = {g: True for g in HCO_GATES if g != case.hco_gate}
+    assert case.gate not in set_gates(handler, state, **others, **{case.hco_gate: False})
+    before = last_sequence(handler)
+    refused = run(handler, state, apply(manifest)).outcome
+    assert not refused.accepted
+    assert refused.field == f"{KINDS[kind]}.{case.field}"
+    assert refused.reason == f"the {case.gate} feature gate is not enabled"
+    assert last_sequence(handler) == before
+    assert case.gate in set_gates(handler, state, **others, **{case.hco_gate: True})
+    accepted = run(handler, state, apply(manifest)).outcome
+    assert accepted.accepted and accepted.sequences
+
+
+def test_without_any_kubevirt_cr_gated_features_are_refused(handler: CommandHandler) -> None:
+    """Before HCO has written a KubeVirt CR no gate is on (KubeVirt's defaults)."""
+    state = ClusterState()
+    before = last_sequence(handler)
+    refused = run(handler, state, apply(vm("early", spec_using("lun-reservation")))).outcome
+    assert (refused.accepted, refused.field) == (
+        False, "spec.template.spec.domain.devices.disks[1].lun.reservation")
+    plain = run(handler, state, apply(vm("plain", spec_using("none")))).outcome
+    assert plain.accepted
+    assert last_sequence(handler) > before
+
+
+def test_vmi_of_an_admitted_vm_is_refused_once_its_gate_is_off(
+        handler: CommandHandler) -> None:
+    state = ClusterState()
+    set_gates(handler, state, downwardMetrics=True)
+    admitted = run(handler, state, apply(vm("metrics", spec_using("downward-metrics-volume"),
+                                             run_strategy="Always")))
+    assert admitted.outcome.accepted
+    set_gates(handler, state, downwardMetrics=False)
+    [create] = VMController().reconcile(state, "default", "metrics")
+    assert create.verb == "create-for-vm"
+    before = last_sequence(handler)
+    with capture_logs() as logs:
+        refused = run(handler, state, create).outcome
+    assert (refused.accepted, refused.field) == (False, "spec.volumes[1].downwardMetrics")
+    assert last_sequence(handler) == before
+    warned = [e for e in logs if e["log_level"] == "warning"]
+    assert [(e["name"], e["field"]) for e in warned] == [
+        ("metrics", "spec.volumes[1].downwardMetrics")]
+    # The gate back on: the same decision, taken again, now creates the VMI.
+    set_gates(handler, state, downwardMetrics=True)
+    [again] = VMController().reconcile(state, "default", "metrics")
+    created = run(handler, state, again).outcome
+    assert created.accepted
+    assert state.vmi("default", "metrics") is not None
+
+
+def test_first_use_in_table_order_is_reported() -> None:
+    """Pure: a spec using every gated feature names the first whose gate is off."""
+    raw = spec_using("lun-reservation")
+    raw["domain"]["devices"]["downwardMetrics"] = {}
+    spec = msgspec.convert(raw, VirtualMachineInstanceSpec)
+    with pytest.raises(InvalidSpec) as neither:
+        check_feature_gates(spec, frozenset(), "spec")
+    assert neither.value.field == "spec.domain.devices.downwardMetrics"
+    with pytest.raises(InvalidSpec) as one:
+        check_feature_gates(spec, frozenset({"DownwardMetrics"}), "spec")
+    assert one.value.field == "spec.domain.devices.disks[1].lun.reservation"
+    check_feature_gates(spec, frozenset({"DownwardMetrics", "PersistentReservation"}), "spec")
