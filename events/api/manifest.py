@@ -10,6 +10,7 @@ import msgspec.inspect
 import yaml
 
 from events.api.base import ApiStruct
+from events.api.validation import validate_vmi_spec
 from events.api.vm import (
     API_VERSION,
     RUN_STRATEGIES,
@@ -97,7 +98,9 @@ def _allowed_values(cls: type[Any], path: str) -> list[str]:
 
 
 def decode_object(doc: dict[str, Any], *, default_namespace: str = "default") -> ApiStruct:
-    """A typed object from one parsed document; validation of shape and names only."""
+    """A typed object from one parsed document, admitted as KubeVirt's webhooks admit it:
+    shape, names, and every VMI spec rule (`validate_vmi_spec`) on the VMI or VM template.
+    Rules that depend on the cluster (feature gates) are the control plane's."""
     kind = doc.get("kind")
     if not isinstance(kind, str) or kind not in KINDS:
         raise InvalidSpec("kind", f"must be one of {', '.join(sorted(KINDS))}, not {kind!r}")
@@ -120,6 +123,9 @@ def decode_object(doc: dict[str, Any], *, default_namespace: str = "default") ->
         check_dns1123_label("metadata.namespace", meta.namespace)
     if isinstance(obj, VirtualMachine):
         validate_vm(obj)
+        validate_vmi_spec(obj.spec.template.spec, "spec.template.spec")
+    elif isinstance(obj, VirtualMachineInstance):
+        validate_vmi_spec(obj.spec, "spec")
     return obj
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 from controlplane.handling import CommandHandler
+from events.jetstream import JetStreamApplicationRecorder
 from events.messages import Command
 from tests.system.harness import vm_manifest
 
@@ -28,3 +29,18 @@ def test_a_redelivered_command_gets_its_first_outcome(handler: CommandHandler) -
     assert not fresh.outcome.accepted
     assert "Always does not support manual start" in fresh.outcome.reason
     assert created.outcome.sequences[0] < first.outcome.sequences[0]
+
+
+def test_a_spec_kubevirt_would_refuse_is_refused_at_apply(handler: CommandHandler) -> None:
+    """Admission runs every VMI spec rule on the VM's template, before anything is appended
+    (before, such a VM was accepted and its VMI failed on the node)."""
+    recorder = handler.app.recorder
+    assert isinstance(recorder, JetStreamApplicationRecorder)
+    manifest = vm_manifest("huge", memory="64Mi")
+    manifest["spec"]["template"]["spec"]["domain"]["memory"] = {"hugepages": {"pageSize": "1Gi"}}
+    before = recorder.max_notification_id()
+    refused = handler.execute(command("apply", manifest=manifest)).outcome
+    assert not refused.accepted
+    assert refused.field == "spec.template.spec.domain.memory.hugepages.pageSize"
+    assert refused.reason == "hugepages size cannot be bigger than requested memory"
+    assert recorder.max_notification_id() == before
