@@ -91,11 +91,15 @@ def with_cluster_cpu_model(d_: Decision,
                            spec: VirtualMachineInstanceSpec) -> VirtualMachineInstanceSpec:
     """KubeVirt's VMI defaulting: a VMI created without a CPU model gets the effective
     KubeVirt's `configuration.cpuModel` (the HyperConverged's `defaultCPUModel`), if set."""
-    cpu = spec.domain.cpu or CPU()
-    if cpu.model:
+    if spec.domain.cpu is not None and spec.domain.cpu.model:
         return spec
-    model = effective_kubevirt_configuration(d_).get("cpuModel", "")
-    if not model:
+    return with_cpu_model(spec, effective_kubevirt_configuration(d_).get("cpuModel", ""))
+
+
+def with_cpu_model(spec: VirtualMachineInstanceSpec, model: str) -> VirtualMachineInstanceSpec:
+    """`spec` with CPU `model` where it names none (and `model` is not empty)."""
+    cpu = spec.domain.cpu or CPU()
+    if cpu.model or not model:
         return spec
     domain = msgspec.structs.replace(spec.domain, cpu=msgspec.structs.replace(cpu, model=model))
     return msgspec.structs.replace(spec, domain=domain)

@@ -12,7 +12,7 @@ import structlog
 from controlplane.aggregate import Aggregate
 from controlplane.feature_gates import VMI_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
-from controlplane.hco_commands import with_cluster_cpu_model
+from controlplane.hco_commands import with_cluster_cpu_model, with_cpu_model
 from controlplane.vm_commands import KIND as VM_KIND_NAME
 from controlplane.vm_commands import load_vm
 from events.api.base import ObjectMeta
@@ -59,11 +59,13 @@ def apply(d: Decision) -> None:
     vmi = d.load(aggregate_id(VMI_KIND, new.metadata.namespace, new.metadata.name),
                  VirtualMachineInstanceView)
     if vmi.exists:
-        if vmi.state.spec != new.spec:
+        stored = vmi.state.spec
+        model = stored.domain.cpu.model if stored is not None and stored.domain.cpu else ""
+        if with_cpu_model(new.spec, model) != stored:  # the same manifest applied again is
             raise InvalidSpec("spec", "a VirtualMachineInstance's spec cannot change")
-        return
+        return  # ... a no-op, whatever the CPU model defaulting added to it
     d.trigger(vmi, VirtualMachineInstanceCreated, uid=str(uuid.uuid4()), metadata=new.metadata,
-              spec=new.spec)
+              spec=with_cluster_cpu_model(d, new.spec))
 
 
 @handles(KIND, "create-for-vm")

@@ -91,19 +91,26 @@ def run(handler: CommandHandler, state: ClusterState, command: Command) -> Resul
     return result
 
 
-def set_gates(handler: CommandHandler, state: ClusterState, **gates: bool) -> list[str]:
-    """Apply a HyperConverged with these featureGates and let the HCO controller write the
-    KubeVirt CR it derives; the KubeVirt CR's gates, as written."""
+def apply_hco(handler: CommandHandler, state: ClusterState,
+              spec: dict[str, Any]) -> dict[str, Any]:
+    """Apply a HyperConverged with `spec` and let the HCO controller write the KubeVirt CR
+    it derives; that CR's `spec.configuration`, as written."""
     hco = {"apiVersion": d.API_VERSION, "kind": d.KIND,
            "metadata": {"name": d.DEFAULT_NAME, "namespace": d.DEFAULT_NAMESPACE},
-           "spec": {"featureGates": gates}}
+           "spec": spec}
     assert run(handler, state, apply(hco)).outcome.accepted
     for command in HCOController().reconcile(state):
         assert run(handler, state, command).outcome.accepted
     kubevirt = effective_kubevirt(state)
     assert kubevirt is not None
-    gates_written: list[str] = (
-        kubevirt["spec"]["configuration"]["developerConfiguration"]["featureGates"])
+    configuration: dict[str, Any] = kubevirt["spec"]["configuration"]
+    return configuration
+
+
+def set_gates(handler: CommandHandler, state: ClusterState, **gates: bool) -> list[str]:
+    """The KubeVirt CR's gates, as written, after a HyperConverged with these featureGates."""
+    gates_written: list[str] = apply_hco(handler, state, {"featureGates": gates})[
+        "developerConfiguration"]["featureGates"]
     return gates_written
 
 
