@@ -9,6 +9,7 @@ rewritten.
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
@@ -91,6 +92,7 @@ def split_topic(topic: str) -> tuple[str, int]:
 
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type[Event], msgspec.msgpack.Decoder[Any]] = {}
+_building = threading.Lock()
 _json = msgspec.json.Encoder()
 
 
@@ -98,14 +100,23 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
+def _build_decoder(cls: type[Event]) -> msgspec.msgpack.Decoder[Any]:
+    """The class's decoder, built by one thread at a time: the control loop and the command
+    writer's thread may first decode a class at once, and msgspec building the same class's
+    type information in two threads crashed the control plane (SIGSEGV) at a restart."""
+    with _building:
+        decoder = _decoders.get(cls)
+        if decoder is None:
+            decoder = _decoders[cls] = msgspec.msgpack.Decoder(cls)
+        return decoder
+
+
 def decode(topic: str, state: bytes) -> Event:
     """Decode a stored event, upcasting an old schema on the way."""
     name, schema = split_topic(topic)
     cls = event_class(name)
     if schema == cls.SCHEMA:
-        decoder = _decoders.get(cls)
-        if decoder is None:
-            decoder = _decoders[cls] = msgspec.msgpack.Decoder(cls)
+        decoder = _decoders.get(cls) or _build_decoder(cls)
         return decoder.decode(state)  # type: ignore[no-any-return]
     data: dict[str, Any] = msgspec.msgpack.decode(state)
     for version in range(schema, cls.SCHEMA):
