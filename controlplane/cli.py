@@ -22,7 +22,7 @@ from nats.errors import NoRespondersError, NoServersError
 
 from controlplane.client import Client, CommandRejected
 from controlplane.context import resolve
-from controlplane.up import UpOptions, up
+from controlplane.up import TEST_DRIVER_URI, UpOptions, up
 from events.api.manifest import parse_documents
 from events.errors import InvalidSpec, NotFound
 from events.logs import configure
@@ -278,7 +278,9 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--data-dir", type=Path, default=Path(".virtbus"))
     u.add_argument("--nodes", type=int, default=2)
     u.add_argument("--nats-port", type=int, default=0)
-    u.add_argument("--libvirt-uri", default="test:///default")
+    u.add_argument("--libvirt-uri", default=TEST_DRIVER_URI,
+                   help=f"the agents' libvirt; on {TEST_DRIVER_URI} each simulated host is kept "
+                        "in DATA_DIR/hosts/NODE.xml")
     u.add_argument("--replicas", type=int, default=1)
     u.add_argument("--node-grace", type=float, default=None)
     u.add_argument("--http-port", type=int, default=0,

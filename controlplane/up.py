@@ -25,6 +25,8 @@ from events.subjects import Layout
 log = structlog.get_logger(__name__)
 
 RESTART_BACKOFF_SECONDS = 1.0
+TEST_DRIVER_URI = "test:///default"
+"""libvirt's simulated host; its agents keep it in `<data dir>/hosts/<node>.xml`."""
 
 
 class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -33,7 +35,7 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     nats_port: int = 0
     nats_url: str = ""
     prefix: str = "virtbus"
-    libvirt_uri: str = "test:///default"
+    libvirt_uri: str = TEST_DRIVER_URI
     replicas: int = 1
     node_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS
     http_port: int = 0
@@ -79,10 +81,20 @@ def children(opts: UpOptions, url: str, logs: Path, http_port: int) -> list[Chil
                               "--listen", f"127.0.0.1:{http_port}"], logs),
     ]
     for i in range(1, opts.nodes + 1):
-        out.append(Child(f"node-{i}", ["-m", "nodeagent", "run", *common, "--node", f"node-{i}",
-                                       "--libvirt-uri", opts.libvirt_uri,
-                                       "--disk-dir", str(opts.data_dir / "disks")], logs))
+        out.append(Child(f"node-{i}", agent_args(f"node-{i}", common, opts.libvirt_uri,
+                                                 opts.data_dir), logs))
     return out
+
+
+def agent_args(node: str, common: list[str], libvirt_uri: str, data_dir: Path) -> list[str]:
+    """A node agent's arguments: disks under `data_dir/disks` and, on the test driver, the
+    simulated host kept in `data_dir/hosts/<node>.xml`, so an agent killed and restarted (or
+    a whole `up` stopped and started) finds its guests as on a real hypervisor."""
+    args = ["-m", "nodeagent", "run", *common, "--node", node, "--libvirt-uri", libvirt_uri,
+            "--disk-dir", str(data_dir / "disks")]
+    if libvirt_uri == TEST_DRIVER_URI:
+        args += ["--sim-state", str(data_dir / "hosts" / f"{node}.xml")]
+    return args
 
 
 def up(opts: UpOptions) -> int:

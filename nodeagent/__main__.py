@@ -17,13 +17,15 @@ from nodeagent.defaults import (
     TEST_HOST_CPU_MODEL,
 )
 from nodeagent.domxml import main_domxml
+from nodeagent.lifecycle import SimulationRefused
+from nodeagent.simhost import TEST_DEFAULT_URI
 
 
-async def _serve(cfg: AgentConfig) -> None:
+async def _serve(agent: NodeAgent) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    await NodeAgent(cfg).run(stop)
+    await agent.run(stop)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,9 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("run", help="run the agent of one node")
     p.add_argument("--node", required=True, help="this node's name")
     add_arguments(p)
-    p.add_argument("--libvirt-uri", default="test:///default",
-                   help="any libvirt URI: test:///default simulates a host, "
+    p.add_argument("--libvirt-uri", default=TEST_DEFAULT_URI,
+                   help=f"any libvirt URI: {TEST_DEFAULT_URI} simulates a host, "
                         "qemu:///system drives a real one")
+    p.add_argument("--sim-state", default="", metavar="FILE",
+                   help=f"keep the simulated host ({TEST_DEFAULT_URI}) in FILE, so a restarted "
+                        "agent finds its guests")
     p.add_argument("--kvm-devices", type=int, default=DEVICE_PLUGIN_CAPACITY,
                    help="devices.kubevirt.io/kvm this node offers")
     p.add_argument("--tun-devices", type=int, default=DEVICE_PLUGIN_CAPACITY,
@@ -55,8 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = AgentConfig(node=args.node, nats_url=args.nats_url, prefix=args.prefix,
                       libvirt_uri=args.libvirt_uri, kvm_devices=args.kvm_devices,
                       tun_devices=args.tun_devices, host_cpu_model=args.host_cpu_model,
-                      disk_dir=args.disk_dir, rediscovery_seconds=args.rediscovery_interval)
-    asyncio.run(_serve(cfg))
+                      disk_dir=args.disk_dir, rediscovery_seconds=args.rediscovery_interval,
+                      sim_state=args.sim_state)
+    try:
+        agent = NodeAgent(cfg)
+    except SimulationRefused as e:
+        parser.error(str(e))
+    asyncio.run(_serve(agent))
     return 0
 
 

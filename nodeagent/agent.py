@@ -10,6 +10,14 @@ the read service which VMIs the cluster placed on this node, reports those that 
 but have no domain any more as gone, and removes domains that no active VMI here owns.
 A domain that stops on its own (guest poweroff, crash) is removed once reported, so the
 VMI's replacement can take its name.
+
+With `sim_state` (test driver only) the simulated host is kept in a file (see
+`nodeagent.simhost`), saved after each change the agent makes or reports and before it
+reports or acknowledges it, so what the cluster heard of is on file. A kill between a
+libvirt change and its save loses that change from the file: the next agent finds the host
+as it was, the cluster never heard of the change, and the unacknowledged command that made
+it is redelivered (every command is idempotent); a simulated guest action (crash, shutdown,
+I/O error) that was not yet reported did not happen.
 """
 
 from __future__ import annotations
@@ -66,6 +74,7 @@ from nodeagent.devices import DeviceLedger
 from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
 from nodeagent.domxml import render_manifest
 from nodeagent.phases import GuestPhase, Observation, StopCause, paused_reason, phase_for
+from nodeagent.simhost import TEST_DEFAULT_URI, for_agent
 from nodeagent.virterror import quiet_libvirt_errors
 from nodeagent.watcher import LifecycleWatcher, to_asyncio
 
@@ -117,7 +126,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     nats_url: str
     prefix: str = "virtbus"
-    libvirt_uri: str = "test:///default"
+    libvirt_uri: str = TEST_DEFAULT_URI
     kvm_devices: int = DEVICE_PLUGIN_CAPACITY
     tun_devices: int = DEVICE_PLUGIN_CAPACITY
     host_cpu_model: str = ""
@@ -125,6 +134,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     disk_dir: str = converter_defaults.DISK_DIR
     rediscovery_seconds: float = REDISCOVERY_INTERVAL_SECONDS
     read_service_wait_seconds: float = READ_SERVICE_WAIT_SECONDS
+    sim_state: str = ""
+    """A file to keep the test driver's host in (`--sim-state`); '' keeps it in memory."""
 
     @property
     def simulated(self) -> bool:
@@ -157,6 +168,7 @@ class NodeAgent:
         libvirt's echo of that action, if the watcher reports it first, carries the id too."""
         self.nc: Client | None = None
         self.fingerprint = ""
+        self.host = for_agent(cfg.libvirt_uri, cfg.sim_state)
         cpu_model = cfg.host_cpu_model or (TEST_HOST_CPU_MODEL if cfg.simulated else "")
         self.discovery = DiscoveryConfig(node_name=cfg.node, kvm_devices=cfg.kvm_devices,
                                          tun_devices=cfg.tun_devices, host_cpu_model=cpu_model)
@@ -166,7 +178,8 @@ class NodeAgent:
     async def run(self, stop: asyncio.Event) -> None:
         quiet_libvirt_errors()
         loop = asyncio.get_running_loop()
-        self.conn = await asyncio.to_thread(libvirt.open, self.cfg.libvirt_uri)
+        uri = self.cfg.libvirt_uri if self.host is None else self.host.uri
+        self.conn = await asyncio.to_thread(libvirt.open, uri)
         observations: asyncio.Queue[Observation] = asyncio.Queue()
         self.watcher = LifecycleWatcher(self.conn, to_asyncio(loop, observations),
                                         node=self.cfg.node)
@@ -271,7 +284,13 @@ class NodeAgent:
                                           self.watcher)
         self.ledger.release(ref.uid)
         self.domains.pop(ref.domain, None)
+        await self._persist()
         return outcome
+
+    async def _persist(self) -> None:
+        """Save the simulated host, if it is kept in a file, before anyone hears of a change."""
+        if self.host is not None:
+            await asyncio.to_thread(self.host.save, self.conn)
 
     # -- reports -----------------------------------------------------------------------
 
@@ -388,14 +407,18 @@ class NodeAgent:
                                                   self.watcher)
                 self.ledger.release(ref.uid)
                 self.domains.pop(ref.domain, None)
+                await self._persist()
                 await self.report_domain(ref, GuestPhase.SUCCEEDED,
                                          f"stopped on request ({outcome})", gone=True)
             case "pause":
                 await asyncio.to_thread(lifecycle.pause, self.conn, ref.domain)
+                await self._persist()
             case "unpause":
                 await asyncio.to_thread(lifecycle.unpause, self.conn, ref.domain)
+                await self._persist()
             case "restart":
                 await asyncio.to_thread(lifecycle.restart, self.conn, ref.domain, self.watcher)
+                await self._persist()
 
     async def _launch(self, command: NodeCommand, ref: VMIRef) -> None:
         if command.vmi is None:
@@ -408,6 +431,7 @@ class NodeAgent:
                                       if k in self.ledger.available()})
         self.domains[ref.domain] = ref
         await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml)
+        await self._persist()
         await self.report_domain(ref, GuestPhase.RUNNING, "launched")
 
     async def _pump(self, observations: asyncio.Queue[Observation], stop: asyncio.Event) -> None:
@@ -423,6 +447,7 @@ class NodeAgent:
             reason = str(obs.cause or "")
             with _serving(self.in_progress.get(ref.domain, "")):
                 if phase is GuestPhase.RUNNING:
+                    await self._persist()
                     await self.report_domain(ref, phase, reason, paused=obs.paused,
                                              paused_reason=obs.paused_reason)
                 else:

@@ -1,6 +1,7 @@
 """The agent in-process, on real NATS and the shared `test:///default` host: a restart
-neither loses nor duplicates guests, a launch executed twice makes one domain, discovery is
-re-reported when the host changes, and simulations are refused off the test driver."""
+neither loses nor duplicates guests (also when the host is kept in a `sim_state` file), a
+launch executed twice makes one domain, discovery is re-reported when the host changes, and
+simulations are refused off the test driver."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import libvirt
@@ -171,6 +173,29 @@ async def test_restart_neither_loses_nor_duplicates_guests(
         assert changed.kind == "node"
     finally:
         lifecycle.graceful_stop(second.agent.conn, kept.domain, 0, second.agent.watcher)
+        await second.close()
+
+
+async def test_a_host_kept_in_a_file_outlives_its_agent(
+        cluster: Cluster, nats_url: str, tmp_path: Path) -> None:
+    """No connection keeps the test host alive here: the second agent finds the guest, paused
+    as the first agent left it, in the `sim_state` file alone."""
+    kept = await cluster.placed("kept")
+    sim_state = str(tmp_path / "host.xml")
+    first = await start(cluster, nats_url, sim_state=sim_state)
+    await first.agent.execute(cluster.launch(kept), kept)
+    pause = NodeCommand(event_id=str(uuid.uuid4()), verb="pause", namespace=kept.namespace,
+                        name=kept.name, uid=kept.uid)
+    await first.agent.execute(pause, kept)
+    await first.close()
+
+    second = await start(cluster, nats_url, sim_state=sim_state)
+    try:
+        [guest] = second.agent.summaries()
+        assert (guest.uid, guest.state) == (kept.uid, libvirt.VIR_DOMAIN_PAUSED)
+        assert list(second.agent.domains.values()) == [kept]
+        assert kept.uid in second.agent.ledger.holders()
+    finally:
         await second.close()
 
 

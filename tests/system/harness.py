@@ -1,5 +1,6 @@
 """The whole system under test: control plane, read service and node agents, each its own
-process (as `virtbus up` runs them), on the session's nats-server with a fresh prefix."""
+process (as `virtbus up` runs them, agents with the same arguments: simulated hosts kept in
+`<tmp>/hosts/`), on the session's nats-server with a fresh prefix."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from controlplane.client import Client
+from controlplane.up import TEST_DRIVER_URI, agent_args
 from events.messages import DomainSummary, SimReply, SimRequest
 from events.server import free_port
 
@@ -59,9 +61,8 @@ class System:
         self.args["projections"] = ["-m", "projections", "run", *common,
                                     "--listen", f"127.0.0.1:{self.http_port}"]
         for i in range(1, nodes + 1):
-            self.args[f"node-{i}"] = ["-m", "nodeagent", "run", *common, "--node", f"node-{i}",
-                                      "--host-cpu-model", "Haswell-noTSX",
-                                      "--disk-dir", str(logs / "disks")]
+            self.args[f"node-{i}"] = [*agent_args(f"node-{i}", common, TEST_DRIVER_URI, logs),
+                                      "--host-cpu-model", "Haswell-noTSX"]
 
     def add_replica(self, name: str) -> None:
         """Another control-plane process, standing by for the lease."""
@@ -123,6 +124,12 @@ async def domains(vb: Client, node: str) -> list[DomainSummary]:
     answer = msgspec.msgpack.decode(reply.data, type=SimReply)
     assert answer.ok, answer.error
     return answer.domains
+
+
+async def hosted(vb: Client, uid: str, nodes: int = 2) -> list[DomainSummary]:
+    """The domains of VMI `uid` across every node's host: one while it runs, never two."""
+    return [d for i in range(1, nodes + 1) for d in await domains(vb, f"node-{i}")
+            if d.uid == uid]
 
 
 def vm_manifest(name: str, run_strategy: str = "Always", memory: str = "64Mi",

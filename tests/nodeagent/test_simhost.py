@@ -1,0 +1,73 @@
+"""A simulated host kept in a file comes back, through a new connection, with its guests:
+same uuid, metadata and state; `--sim-state` is refused off the test driver."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import libvirt
+import pytest
+
+from nodeagent.agent import VMIRef, vmi_of
+from nodeagent.converter.identity import VMI_METADATA_NS
+from nodeagent.simhost import SimulatedHost
+from nodeagent.virterror import quiet_libvirt_errors
+
+
+def guest(name: str) -> str:
+    """Test-driver domain XML carrying the VMI metadata the agent adopts guests by."""
+    return (
+        f"<domain type='test'><name>{name}</name><uuid>{uuid.uuid4()}</uuid>"
+        f"<metadata><v:vmi xmlns:v='{VMI_METADATA_NS}' uid='uid-{name}' namespace='ns' "
+        f"name='{name}'/></metadata>"
+        "<memory unit='MiB'>64</memory><vcpu>1</vcpu><os><type>hvm</type></os></domain>"
+    )
+
+
+def test_a_saved_host_comes_back_with_its_guests(tmp_path: Path) -> None:
+    quiet_libvirt_errors()
+    host = SimulatedHost(tmp_path / "a dir" / "host.xml")
+    conn = libvirt.open(host.uri)
+    try:
+        assert conn.listAllDomains(0) == [], "a missing file is an empty host"
+        running = conn.defineXML(guest("running"))
+        running.create()
+        paused = conn.defineXML(guest("paused"))
+        paused.create()
+        paused.suspend()
+        transient = conn.createXML(guest("transient"), 0)
+        conn.defineXML(guest("off"))
+        before = {d.name(): d.UUIDString() for d in (running, paused, transient)}
+        host.save(conn)
+    finally:
+        conn.close()
+
+    again = libvirt.open(host.uri)
+    try:
+        found = {d.name(): d for d in again.listAllDomains(0)}
+        assert {name: d.UUIDString() for name, d in found.items()} == before, \
+            "active guests only: a shut-off domain cannot say why it stopped"
+        assert found["running"].state()[0] == libvirt.VIR_DOMAIN_RUNNING
+        assert found["paused"].state()[0] == libvirt.VIR_DOMAIN_PAUSED
+        assert found["transient"].state()[0] == libvirt.VIR_DOMAIN_RUNNING
+        assert not found["transient"].isPersistent()
+        assert found["running"].isPersistent()
+        assert vmi_of(found["paused"]) == VMIRef("ns", "paused", "uid-paused")
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize("uri", ["qemu:///system", "test:///elsewhere.xml"])
+def test_sim_state_is_refused_off_the_default_test_driver(uri: str, tmp_path: Path) -> None:
+    """The real CLI, as its own process: refused before it connects anywhere."""
+    run = subprocess.run(
+        [sys.executable, "-m", "nodeagent", "run", "--node", "n", "--nats-url",
+         "nats://127.0.0.1:1", "--libvirt-uri", uri, "--sim-state", str(tmp_path / "host.xml")],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 2
+    assert "error: --sim-state keeps a simulated host in a file and needs --libvirt-uri " \
+           f"test:///default, not '{uri}'" in run.stderr
+    assert not (tmp_path / "host.xml").exists()
