@@ -14,6 +14,7 @@ from controlplane.intake import CommandIntake, ReportIntake
 from controlplane.lease import Lease
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
+from events.codec import prepare_decoders
 from events.connect import connect
 from events.streams import ensure_all
 from events.subjects import Layout
@@ -42,6 +43,7 @@ async def serve(nats_url: str, layout: Layout, *, replicas: int = 1,
         await event.wait()
         halt.set()
 
+    prepare_decoders()  # before the writer's thread exists
     writer = Writer(nats_url, layout)
     loop = ControlLoop(nc, layout, writer, node_grace_seconds)
     log.info("control plane started", nats_url=nats_url, prefix=layout.prefix)

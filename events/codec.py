@@ -111,6 +111,21 @@ def _build_decoder(cls: type[Event]) -> msgspec.msgpack.Decoder[Any]:
         return decoder
 
 
+def prepare_decoders() -> None:
+    """Build every event class's decoder, and msgspec's type information for every struct
+    of the catalog's modules, now, in the calling thread. A process that decodes in several
+    threads (the control plane's loop and its command writer) calls this before it starts
+    them, so no struct's first use can race in two threads (see `_build_decoder`)."""
+    catalog = importlib.import_module("events.catalog")
+    for cls in set(_REGISTRY.values()):
+        _build_decoder(cls)
+    for module in catalog.MODULES:
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, msgspec.Struct) \
+                    and value.__module__ == module.__name__:
+                msgspec.msgpack.Decoder(value)
+
+
 def decode(topic: str, state: bytes) -> Event:
     """Decode a stored event, upcasting an old schema on the way."""
     name, schema = split_topic(topic)

@@ -11,7 +11,8 @@ import pytest
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.utils import Environment
 
-from events.codec import EventMapper, decode, event_id, to_builtins
+from events import codec
+from events.codec import EventMapper, decode, event_class, event_id, to_builtins
 from events.errors import InvalidSpec
 from events.jetstream import JetStreamFactory
 from events.subjects import (
@@ -80,3 +81,11 @@ def test_a_prefix_that_would_split_subjects_is_refused() -> None:
     assert Layout("vb-prod").events_stream == "VB_PROD_EVENTS"
     one = uuid.UUID(int=1)
     assert Layout().aggregate_subject(one) == f"virtbus.ev.uuid.{one.hex}"
+
+
+def test_prepare_decoders_builds_every_event_decoder_up_front() -> None:
+    """The control plane builds them before its writer thread exists (a struct's first use
+    in two threads at once crashed it)."""
+    codec.prepare_decoders()
+    assert set(codec._REGISTRY.values()) <= set(codec._decoders)
+    assert event_class("VirtualMachineCreated") in codec._decoders
