@@ -93,12 +93,14 @@ async def follow(
         page = await direct_batch(nc, layout.events_stream, position, PAGE, subject)
         for msg in page:
             await on_event(sequence(msg), decode_msg(msg))
+        if page:
+            # A page may run past `target` (appended since `head`): go live after the last
+            # event delivered, not after `target`, or those events come twice.
+            position = sequence(page[-1]) + 1
         if len(page) < PAGE:
             break
-        position = sequence(page[-1]) + 1
         progress.report(position)
     progress.done()
-    position = max(position, target + 1)
     if on_caught_up is not None:
         await on_caught_up()
     queue: asyncio.Queue[Msg] = asyncio.Queue()
@@ -107,16 +109,19 @@ async def follow(
         config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
                               opt_start_seq=position),
     )
+    stopped = asyncio.ensure_future(stop.wait())
+    got: asyncio.Future[Msg] | None = None
     try:
-        stopped = asyncio.ensure_future(stop.wait())
         while not stop.is_set():
             got = asyncio.ensure_future(queue.get())
             done, _ = await asyncio.wait({got, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if got not in done:
-                got.cancel()
                 break
             msg = got.result()
-            seq = msg.metadata.sequence.stream
-            await on_event(seq, decode_msg(msg))
+            await on_event(msg.metadata.sequence.stream, decode_msg(msg))
     finally:
+        # Neither waiter may outlive the follow (cancelled, stopped or failed).
+        stopped.cancel()
+        if got is not None:
+            got.cancel()
         await sub.unsubscribe()

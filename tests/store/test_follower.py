@@ -1,0 +1,64 @@
+"""`follow` hands every event over once, even when events are appended while it replays."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from controlplane.handling import CommandHandler
+from events.codec import Event
+from events.connect import connect
+from events.messages import Command
+from events.subjects import Layout
+from projections import follower
+
+
+def register(handler: CommandHandler, name: str) -> list[int]:
+    """Register node `name`; the sequences of its events."""
+    manifest = {"nodeName": name, "hostname": name, "architecture": "x86_64",
+                "hypervisorUri": "test:///default", "domainType": "qemu",
+                "libvirtVersion": "10.0.0", "capacity": {"cpu": "8", "memory": "16Gi"},
+                "allocatable": {"cpu": "8", "memory": "16Gi"}}
+    result = handler.execute(Command(id=str(uuid.uuid4()), actor="system:node:" + name,
+                                     kind="Node", verb="register", name=name,
+                                     manifest=manifest))
+    assert result.outcome.accepted, result.outcome.reason
+    return [sequence for sequence, _ in result.events]
+
+
+async def test_events_appended_during_replay_are_delivered_once(
+        handler: CommandHandler, nats_url: str, prefix: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay page that runs past the head read at the start (here: the second, short page
+    holds events appended while the first was handed over) must not be delivered again by
+    the live consumer."""
+    for i in range(4):
+        register(handler, f"n{i}")
+    layout = Layout(prefix)
+    nc = await connect(nats_url, "test-follower")
+    seen: list[int] = []
+    appended: list[int] = []
+    live: list[int] = []
+    stop = asyncio.Event()
+
+    async def on_event(sequence: int, _event: Event) -> None:
+        seen.append(sequence)
+        if len(seen) == 1:
+            appended.extend(await asyncio.to_thread(register, handler, "during-replay"))
+        if live and sequence == live[-1]:
+            stop.set()
+
+    async def on_caught_up() -> None:
+        live.extend(await asyncio.to_thread(register, handler, "live"))
+
+    try:
+        target = await follower.head(nc, layout)
+        monkeypatch.setattr(follower, "PAGE", target - 1)  # the head starts a short page 2
+        await asyncio.wait_for(follower.follow(nc, layout, on_event,
+                                               on_caught_up=on_caught_up, stop=stop), 30)
+    finally:
+        await nc.close()
+    assert appended and min(appended) > target
+    assert seen == list(range(1, live[-1] + 1))  # every event (commands' too), once, in order
