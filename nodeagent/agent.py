@@ -43,7 +43,6 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped
 from events.api.hco_defaults import KUBEVIRT_MIN_CPU_MODEL
 from events.api.resources import vmi_resources
-from events.api.vm import VirtualMachineInstanceSpec
 from events.connect import connect
 from events.errors import InvalidSpec, VirtbusError
 from events.messages import (
@@ -58,8 +57,9 @@ from events.query import Answer, Query, query_subject
 from events.streams import HEARTBEAT_INTERVAL, wait_for_streams
 from events.subjects import Layout, encode_token
 from nodeagent import lifecycle
+from nodeagent.converter import convert
 from nodeagent.converter import defaults as converter_defaults
-from nodeagent.converter.context import hypervisor_domain_type
+from nodeagent.converter.context import domain_name, hypervisor_domain_type
 from nodeagent.converter.identity import VMI_METADATA_TAG
 from nodeagent.defaults import (
     DEVICE_PLUGIN_CAPACITY,
@@ -72,7 +72,7 @@ from nodeagent.defaults import (
 )
 from nodeagent.devices import DeviceLedger
 from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
-from nodeagent.domxml import render_manifest
+from nodeagent.domxml import parse_manifest
 from nodeagent.phases import GuestPhase, Observation, StopCause, paused_reason, phase_for
 from nodeagent.simhost import TEST_DEFAULT_URI, for_agent
 from nodeagent.virterror import quiet_libvirt_errors
@@ -119,7 +119,7 @@ class VMIRef(msgspec.Struct, frozen=True):
 
     @property
     def domain(self) -> str:
-        return f"{self.namespace}_{self.name}"
+        return domain_name(self.namespace, self.name)
 
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -245,7 +245,7 @@ class NodeAgent:
         deadline = time.monotonic() + self.cfg.read_service_wait_seconds
         while True:
             try:
-                answer = await self._query_vmis()
+                answer = await self._query(VMI_KIND)
                 break
             except ReadServiceUnavailable:
                 if time.monotonic() >= deadline:
@@ -258,9 +258,6 @@ class NodeAgent:
             if status.get("nodeName") == self.cfg.node and phase not in FINISHED:
                 out[meta["uid"]] = (VMIRef(meta["namespace"], meta["name"], meta["uid"]), phase)
         return out
-
-    async def _query_vmis(self) -> Answer:
-        return await self._query(VMI_KIND)
 
     async def _query(self, kind: str) -> Answer:
         """Ask the read service, as of the log's end now."""
@@ -278,10 +275,11 @@ class NodeAgent:
             raise ReadServiceUnavailable(answer.error)
         return answer
 
-    async def _remove(self, ref: VMIRef) -> lifecycle.StopOutcome:
-        """Destroy (if it still runs) and undefine a domain, and forget it."""
-        outcome = await asyncio.to_thread(lifecycle.graceful_stop, self.conn, ref.domain, 0,
-                                          self.watcher)
+    async def _remove(self, ref: VMIRef, grace_seconds: int = 0) -> lifecycle.StopOutcome:
+        """Stop (if it still runs; at once unless given a grace period) and undefine a domain,
+        and forget it."""
+        outcome = await asyncio.to_thread(lifecycle.graceful_stop, self.conn, ref.domain,
+                                          grace_seconds, self.watcher)
         self.ledger.release(ref.uid)
         self.domains.pop(ref.domain, None)
         await self._persist()
@@ -402,12 +400,7 @@ class NodeAgent:
             case "launch":
                 await self._launch(command, ref)
             case "stop":
-                outcome = await asyncio.to_thread(lifecycle.graceful_stop, self.conn,
-                                                  ref.domain, command.grace_period_seconds,
-                                                  self.watcher)
-                self.ledger.release(ref.uid)
-                self.domains.pop(ref.domain, None)
-                await self._persist()
+                outcome = await self._remove(ref, command.grace_period_seconds)
                 await self.report_domain(ref, GuestPhase.SUCCEEDED,
                                          f"stopped on request ({outcome})", gone=True)
             case "pause":
@@ -423,12 +416,12 @@ class NodeAgent:
     async def _launch(self, command: NodeCommand, ref: VMIRef) -> None:
         if command.vmi is None:
             raise InvalidSpec("vmi", "a launch needs the VMI")
-        xml = render_manifest(command.vmi, domain_type=self.domain_type,
-                              disk_dir=self.cfg.disk_dir)
-        spec = msgspec.convert(command.vmi["spec"], VirtualMachineInstanceSpec)
+        spec, ctx = parse_manifest(command.vmi, domain_type=self.domain_type,
+                                   disk_dir=self.cfg.disk_dir)
+        xml = convert(spec, ctx)
         demand = vmi_resources(spec.domain, emulation=self.domain_type != "kvm").extended
-        self.ledger.acquire(ref.uid, {k: v for k, v in demand.items()
-                                      if k in self.ledger.available()})
+        tracked = self.ledger.available()  # the device-plugin resources, not hugepages
+        self.ledger.acquire(ref.uid, {k: v for k, v in demand.items() if k in tracked})
         self.domains[ref.domain] = ref
         await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml)
         await self._persist()
@@ -479,7 +472,7 @@ class NodeAgent:
 
     async def simulate(self, request: SimRequest) -> None:
         lifecycle.ensure_test_uri(self.cfg.libvirt_uri)
-        domain = f"{request.namespace}_{request.name}"
+        domain = domain_name(request.namespace, request.name)
         match request.action:
             case "guest-shutdown":
                 await asyncio.to_thread(lifecycle.simulate_guest_shutdown, self.conn, domain,

@@ -57,6 +57,19 @@ def render_manifest(
     disk_dir: str = converter_defaults.DISK_DIR,
 ) -> str:
     """Domain XML for a parsed VirtualMachineInstance or VirtualMachine manifest."""
+    return convert(*parse_manifest(doc, domain_type=domain_type,
+                                   default_cpu_model=default_cpu_model, disk_dir=disk_dir))
+
+
+def parse_manifest(
+    doc: Mapping[str, object],
+    *,
+    domain_type: DomainType = "kvm",
+    default_cpu_model: str = "",
+    disk_dir: str = converter_defaults.DISK_DIR,
+) -> tuple[VirtualMachineInstanceSpec, ConverterContext]:
+    """The admitted VMI spec of a manifest and its converter context: what `convert` takes,
+    for a caller (the agent's launch) that needs the decoded spec too."""
     kind = doc.get("kind")
     if not isinstance(kind, str) or kind not in SPEC_PATHS:
         raise InvalidSpec("kind", f"must be one of {', '.join(SPEC_PATHS)}")
@@ -79,7 +92,7 @@ def render_manifest(
         default_cpu_model=default_cpu_model,
         disk_dir=disk_dir,
     )
-    return convert(vmi_spec, ctx)
+    return vmi_spec, ctx
 
 
 def main_domxml(argv: list[str]) -> int:

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import libvirt
 
-from nodeagent.lifecycle import SimulationRefused
+from nodeagent.lifecycle import TEST_DRIVER_SCHEME, SimulationRefused
 from nodeagent.virterror import is_no_domain
 
 TEST_DEFAULT_URI = "test:///default"
@@ -47,7 +47,7 @@ class SimulatedHost:
         if not self.path.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._write(EMPTY_HOST)
-        return "test://" + quote(str(self.path))
+        return TEST_DRIVER_SCHEME + quote(str(self.path))
 
     def save(self, conn: libvirt.virConnect) -> None:
         """Write the connection's active domains, each with its runstate, atomically."""

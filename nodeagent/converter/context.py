@@ -12,6 +12,11 @@ from nodeagent.converter import defaults
 DomainType = Literal["kvm", "qemu", "test"]
 
 
+def domain_name(namespace: str, name: str) -> str:
+    """KubeVirt names a VMI's domain `<namespace>_<name>`; the agent finds guests by it."""
+    return f"{namespace}_{name}"
+
+
 class ConverterContext(msgspec.Struct, frozen=True, kw_only=True):
     """Per-launch inputs that the VMI spec does not carry.
 
@@ -29,8 +34,7 @@ class ConverterContext(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def domain_name(self) -> str:
-        """KubeVirt names a domain `<namespace>_<name>`."""
-        return f"{self.namespace}_{self.name}"
+        return domain_name(self.namespace, self.name)
 
     @property
     def disk_path(self) -> str:

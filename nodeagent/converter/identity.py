@@ -3,12 +3,15 @@ domain apart."""
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
 from typing import TYPE_CHECKING
 
 from nodeagent.converter.xmltree import sub
 
 VMI_METADATA_NS = "urn:virtbus:vmi:1"
 VMI_METADATA_TAG = f"{{{VMI_METADATA_NS}}}vmi"
+ET.register_namespace("virtbus", VMI_METADATA_NS)
+"""So rendered XML reads `<virtbus:vmi>`, not `<ns0:vmi>`."""
 
 if TYPE_CHECKING:
     from events.api.validation import VMISpecLike

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-ET.register_namespace("virtbus", "urn:virtbus:vmi:1")
-
 Element = ET.Element
 
 DOMAIN_ORDER = (
