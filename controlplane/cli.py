@@ -27,6 +27,7 @@ from events.api.manifest import parse_documents
 from events.errors import InvalidSpec, NotFound
 from events.logs import configure
 from events.messages import SimReply, SimRequest
+from events.subjects import DEFAULT_PREFIX, split_aggregate_id
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY
 from projections.query import resolve_kind
 
@@ -171,7 +172,7 @@ async def cmd_watch(args: argparse.Namespace, vb: Client) -> int:
         status = obj.get("status", {})
         state = status.get("printableStatus") or status.get("phase") or (
             "deleted" if not obj else "")
-        name = change.event.originator_id.split(".", 2)[2]
+        _, _, name = split_aggregate_id(change.event.originator_id)
         print(f"{change.sequence:>8}  {change.event.timestamp:%H:%M:%S}  {name:<20} "
               f"{change.event.TYPE:<40} {state}", flush=True)
     return 0
@@ -397,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up":
         opts = UpOptions(data_dir=args.data_dir.resolve(), nodes=args.nodes,
                          nats_port=args.nats_port, nats_url=args.nats_url or "",
-                         prefix=args.prefix or "virtbus", libvirt_uri=args.libvirt_uri,
+                         prefix=args.prefix or DEFAULT_PREFIX, libvirt_uri=args.libvirt_uri,
                          replicas=args.replicas, http_port=args.http_port,
                          **({"node_grace_seconds": args.node_grace} if args.node_grace else {}))
         return up(opts)

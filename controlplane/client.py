@@ -20,6 +20,7 @@ from typing import Any, Self
 import jsonpatch
 import msgspec
 from nats.aio.client import Client as Nats
+from nats.js.kv import KeyValue
 
 from controlplane.defaults import COMMAND_AWAIT_TIMEOUT_SECONDS
 from events.api.hco_defaults import KIND as HCO_API_KIND
@@ -30,15 +31,17 @@ from events.directget import read_all, sequence
 from events.errors import InvalidSpec, NotFound
 from events.hco import HCO_KIND, OPERAND_TOKENS
 from events.messages import Command, Outcome
+from events.nodes import NODE_KIND
 from events.query import Answer, Query, query_subject
-from events.subjects import Layout, aggregate_id, encode_token
+from events.subjects import DEFAULT_PREFIX, Layout, aggregate_id, encode_token, split_aggregate_id
+from events.vm import VM_KIND, VMI_KIND
 from projections.cluster import ClusterState, render_vm, render_vmi
 from projections.follower import decode_msg, follow, start_sequence_at
 from projections.hco import render_view as render_hco_view
 from projections.service import node_object, render
 from projections.views import NodeView, View, VirtualMachineInstanceView, VirtualMachineView
 
-KIND_TOKENS = {"VirtualMachine": "vm", "VirtualMachineInstance": "vmi", "Node": "node",
+KIND_TOKENS = {"VirtualMachine": VM_KIND, "VirtualMachineInstance": VMI_KIND, "Node": NODE_KIND,
                HCO_API_KIND: HCO_KIND, **OPERAND_TOKENS}
 CLUSTER_SCOPED = frozenset({"Node", HCO_API_KIND, *OPERAND_TOKENS})
 """Kinds whose aggregates are cluster-scoped: their namespace is not part of the id."""
@@ -96,9 +99,10 @@ class Client:
         self.layout = layout
         self.actor = actor
         self.js = nc.jetstream()
+        self._outcomes: KeyValue | None = None
 
     @classmethod
-    async def connect(cls, url: str, prefix: str = "virtbus", actor: str = "") -> Self:
+    async def connect(cls, url: str, prefix: str = DEFAULT_PREFIX, actor: str = "") -> Self:
         nc = await connect(url, "virtbus-client", connect_timeout=5, allow_reconnect=False,
                            max_reconnect_attempts=3, error_cb=_quiet)
         return cls(nc, Layout(prefix), actor or default_actor())
@@ -128,12 +132,12 @@ class Client:
 
     async def outcome(self, command_id: str,
                       timeout: float = COMMAND_AWAIT_TIMEOUT_SECONDS) -> Outcome:
-        kv = await self.js.key_value(self.layout.outcomes_bucket)
-        watcher = await kv.watch(encode_token(command_id))
+        if self._outcomes is None:  # bound once, not a STREAM.INFO round trip per command
+            self._outcomes = await self.js.key_value(self.layout.outcomes_bucket)
+        watcher = await self._outcomes.watch(encode_token(command_id))
         try:
-            deadline = timeout
             while True:
-                entry = await watcher.updates(timeout=deadline)
+                entry = await watcher.updates(timeout=timeout)
                 if entry is not None and entry.value:
                     return msgspec.msgpack.decode(entry.value, type=Outcome)
         finally:
@@ -224,10 +228,13 @@ class Client:
 
         async def on_event(seq: int, event: Event) -> None:
             view = state.apply(event, seq)
-            if seq < first or view is None or not event.originator_id.startswith(token + "."):
+            if seq < first or view is None:
+                return
+            view_kind, _, id_name = split_aggregate_id(event.originator_id)
+            if view_kind != token:
                 return
             meta = getattr(view, "metadata", None)
-            obj_name = meta.name if meta is not None else event.originator_id.split(".", 2)[2]
+            obj_name = meta.name if meta is not None else id_name
             obj_ns = meta.namespace if meta is not None else ""
             if (name and obj_name != name) or (namespace and obj_ns != namespace):
                 return
@@ -251,7 +258,7 @@ class Client:
 
     async def _first(self, since: int | datetime | None) -> int:
         if since is None:
-            last = await self.nc.jetstream().stream_info(self.layout.events_stream)
+            last = await self.js.stream_info(self.layout.events_stream)
             return int(last.state.last_seq) + 1
         if isinstance(since, int):
             return since

@@ -39,10 +39,13 @@ class Rejected(VirtbusError):
         super().__init__(reason)
 
 
+def marker_id(command: Command) -> str:
+    """The id of a command's marker aggregate, `command._.<id>`."""
+    return aggregate_id(COMMAND_KIND, "", command.id)
+
+
 class CommandView(View):
-    def __init__(self, aggregate_id: str) -> None:
-        super().__init__(aggregate_id)
-        self.count = 0
+    """A command's marker aggregate: it exists once the command has been applied."""
 
     def mutate(self, event: Event) -> None:
         if isinstance(event, CommandAccepted):
@@ -135,7 +138,6 @@ class CommandHandler:
         if handler is None:
             return self._reject(command, f"{command.kind} does not support {command.verb!r}",
                                 "verb")
-        marker_id = aggregate_id(COMMAND_KIND, "", command.id)
         if check_prior and (prior := self.prior(command)) is not None:
             bound.info("command already applied")
             return prior
@@ -152,7 +154,7 @@ class CommandHandler:
             events = decision.events
             if not events:
                 return Result(Outcome(command_id=command.id, accepted=True))
-            marker = Aggregate(CommandView(marker_id))
+            marker = Aggregate(CommandView(marker_id(command)))
             marker.trigger(decision.cause, CommandAccepted, command_id=command.id,
                            kind=command.kind, verb=command.verb, target=command.name,
                            event_count=len(events))
@@ -179,7 +181,7 @@ class CommandHandler:
         """
         recorder = self.app.recorder
         assert isinstance(recorder, JetStreamApplicationRecorder)
-        position = recorder.last_position(aggregate_id(COMMAND_KIND, "", command.id))
+        position = recorder.last_position(marker_id(command))
         if position is None:
             return None
         _version, marker_seq = position

@@ -20,7 +20,7 @@ from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS
 from events.connect import connect
 from events.server import EmbeddedNats, free_port
 from events.streams import ensure_all
-from events.subjects import Layout
+from events.subjects import DEFAULT_PREFIX, Layout
 
 log = structlog.get_logger(__name__)
 
@@ -34,7 +34,7 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     nodes: int = 2
     nats_port: int = 0
     nats_url: str = ""
-    prefix: str = "virtbus"
+    prefix: str = DEFAULT_PREFIX
     libvirt_uri: str = TEST_DRIVER_URI
     replicas: int = 1
     node_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS

@@ -22,6 +22,7 @@ from nats.aio.client import Client
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from events.api.vm import API_VERSION
 from events.codec import Event
 from events.messages import NodeCommand
 from events.subjects import Layout
@@ -92,7 +93,7 @@ class Dispatcher:
                                   "correlation_id": event.correlation_id}
         match event:
             case VirtualMachineInstanceScheduled(node=node):
-                vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                vmi = {"apiVersion": API_VERSION, "kind": "VirtualMachineInstance",
                        "metadata": {"name": meta.name, "namespace": meta.namespace,
                                     "uid": view.uid},
                        "spec": msgspec.to_builtins(view.spec)}
