@@ -11,7 +11,7 @@ import msgspec
 from events.api.resources import DEFAULT_TUNING, ClusterTuning, vmi_resources
 from events.codec import Event
 from events.nodes import NODE_KIND
-from events.subjects import aggregate_id, split_aggregate_id
+from events.subjects import aggregate_id
 from events.vm import PAUSED_MESSAGES, VM_KIND, VMI_KIND
 from projections.hco import HCO_VIEW_KINDS
 from projections.views import (
@@ -196,7 +196,6 @@ def render_vmi(vmi: VirtualMachineInstanceView) -> dict[str, Any]:
 
 
 def render_node(node: NodeView, usage: dict[str, int]) -> dict[str, Any]:
-    _, _, name = split_aggregate_id(node.id)
     info = node.info
     status: dict[str, Any] = {
         "conditions": [{
@@ -224,7 +223,8 @@ def render_node(node: NodeView, usage: dict[str, int]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": labels, "resourceVersion": str(node.last_sequence),
+        "metadata": {"name": node.name, "labels": labels,
+                     "resourceVersion": str(node.last_sequence),
                      "creationTimestamp": iso(node.created_at)},
         "status": status,
     }

@@ -44,9 +44,8 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
                     out.append(render_vmi(vmi))
         case "Node":
             for node in state.nodes():
-                obj = node_object(state, node)
-                if not query.name or obj["metadata"]["name"] == query.name:
-                    out.append(obj)
+                if not query.name or node.name == query.name:
+                    out.append(node_object(state, node))
         case kind if kind in HCO_KINDS:
             out = answer(state, kind, query.name, datetime.now(UTC))
         case kind if kind in (METRICS_QUERY, ALERTS_QUERY):
@@ -56,9 +55,7 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
 
 def node_object(state: ClusterState, node: NodeView) -> dict[str, Any]:
     """A Node with what its VMIs hold, counted as the scheduler counts it."""
-    name = node.id.split(".", 2)[2]
-    emulation = node.info is not None and node.info.domain_type != "kvm"
-    usage = state.node_usage(name, emulation=emulation, tuning=cluster_tuning(state))
+    usage = state.node_usage(node.name, emulation=node.emulation, tuning=cluster_tuning(state))
     return render_node(node, usage)
 
 

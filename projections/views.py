@@ -17,6 +17,7 @@ from events.api.node import NodeInfo
 from events.api.vm import VirtualMachineInstanceSpec, VirtualMachineSpec
 from events.codec import Event
 from events.nodes import NodeInfoChanged, NodeNotReady, NodeReady, NodeRegistered
+from events.subjects import split_aggregate_id
 from events.vm import (
     VirtualMachineCreated,
     VirtualMachineDeleted,
@@ -173,6 +174,16 @@ class NodeView(View):
         self.ready = False
         self.reason = ""
         self.transition_at: datetime | None = None
+
+    @property
+    def name(self) -> str:
+        """The node's name (decoded: a host's FQDN is not a subject token as it stands)."""
+        return split_aggregate_id(self.id)[2]
+
+    @property
+    def emulation(self) -> bool:
+        """Whether the host runs guests without KVM, which changes what a VMI holds on it."""
+        return self.info is not None and self.info.domain_type != "kvm"
 
     def mutate(self, event: Event) -> None:
         match event:
