@@ -93,7 +93,6 @@ def split_topic(topic: str) -> tuple[str, int]:
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type[Event], msgspec.msgpack.Decoder[Any]] = {}
 _building = threading.Lock()
-_json = msgspec.json.Encoder()
 
 
 def encode(event: Event) -> bytes:
@@ -143,10 +142,6 @@ def to_builtins(event: Event) -> dict[str, Any]:
     """The event as JSON-able builtins, with its type name and id, for people and `-o json`."""
     body: dict[str, Any] = msgspec.to_builtins(event)
     return {"type": event.TYPE, "schema": event.SCHEMA, "id": str(event.id), **body}
-
-
-def to_json(event: Event) -> bytes:
-    return _json.encode(to_builtins(event))
 
 
 class EventMapper(Mapper[str]):

@@ -22,12 +22,15 @@ from eventsourcing.persistence import (
     Tracking,
 )
 from nats.aio.msg import Msg
-from nats.js.api import StorageType, StreamConfig
 
 from events.bridge import NatsBridge
 from events.codec import event_id
-from events.directget import direct_batch, last_on
-from events.streams import ensure_stream, events_stream_config
+from events.directget import direct_batch, last_on, read_all, sequence
+from events.streams import (
+    create_stream_if_missing,
+    events_stream_config,
+    snapshots_stream_config,
+)
 from events.subjects import Layout, aggregate_subject
 
 MAX_BATCH: Final = 1000
@@ -83,16 +86,13 @@ class JetStreamDatastore:
         self.snapshots = StreamSpace(layout.snapshots_stream, layout.snapshots_root)
 
     def ensure(self, space: StreamSpace) -> None:
+        """Create `space`'s stream if it is missing, once per process; never reconfigure it."""
         with self._lock:
             if space.stream in self._ensured:
                 return
-            if space == self.events:
-                config = events_stream_config(self.layout)
-            else:
-                config = StreamConfig(name=space.stream, subjects=[f"{space.root}.>"],
-                                      storage=StorageType.FILE, allow_direct=True,
-                                      allow_atomic=True)
-            self.bridge.run(ensure_stream(self.js, config))
+            config = (events_stream_config(self.layout) if space == self.events
+                      else snapshots_stream_config(self.layout))
+            self.bridge.run(create_stream_if_missing(self.js, config))
             self._ensured.add(space.stream)
 
     def close(self) -> None:
@@ -102,6 +102,9 @@ class JetStreamDatastore:
 
     async def direct_batch(self, stream: str, start: int, limit: int, subject: str) -> list[Msg]:
         return await direct_batch(self.bridge.nc, stream, start, limit, subject)
+
+    async def read_all(self, stream: str, subject: str) -> list[Msg]:
+        return await read_all(self.bridge.nc, stream, subject)
 
     async def last_on(self, stream: str, subject: str) -> Msg | None:
         return await last_on(self.bridge.nc, stream, subject)
@@ -122,7 +125,7 @@ class JetStreamDatastore:
             self._last.pop(subject, None)
             return None
         headers = msg.headers or {}
-        last = (int(headers[VERSION_HEADER]), int(headers["Nats-Sequence"]))
+        last = (int(headers[VERSION_HEADER]), sequence(msg))
         self._last[subject] = last
         return last
 

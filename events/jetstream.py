@@ -38,7 +38,8 @@ from eventsourcing.persistence import (
 from eventsourcing.utils import Environment, resolve_topic
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy, KeyValueConfig
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
 
 from events.connect import DEFAULT_URL
 from events.datastore import (
@@ -48,7 +49,7 @@ from events.datastore import (
     JetStreamDatastore,
     StreamSpace,
 )
-from events.directget import PAGE
+from events.directget import PAGE, sequence
 from events.subjects import (
     DEFAULT_PREFIX,
     Layout,
@@ -129,21 +130,12 @@ class JetStreamAggregateRecorder(AggregateRecorder):
             if msg is None:
                 return []
             last = _stored_event(root, msg)
-            seq = int((msg.headers or {})["Nats-Sequence"])
-            ds.remember(subject, last.originator_version, seq)
+            ds.remember(subject, last.originator_version, sequence(msg))
             return [last] if gt is None or last.originator_version > gt else []
-        events: list[StoredEvent] = []
-        start = 1
-        while True:
-            page = await ds.direct_batch(self.space.stream, start, PAGE, subject)
-            for msg in page:
-                events.append(_stored_event(root, msg))
-            if len(page) < PAGE:
-                break
-            start = int((page[-1].headers or {})["Nats-Sequence"]) + 1
-        if page:
-            ds.remember(subject, events[-1].originator_version,
-                        int((page[-1].headers or {})["Nats-Sequence"]))
+        msgs = await ds.read_all(self.space.stream, subject)
+        events = [_stored_event(root, msg) for msg in msgs]
+        if msgs:
+            ds.remember(subject, events[-1].originator_version, sequence(msgs[-1]))
         selected = [
             e for e in events
             if (gt is None or e.originator_version > gt)
@@ -208,14 +200,14 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
                     return out
             if len(page) < page_size:
                 return out
-            start = int((page[-1].headers or {})["Nats-Sequence"]) + 1
+            start = sequence(page[-1]) + 1
         return out
 
     def max_notification_id(self) -> int | None:
         msg = self.datastore.bridge.run(
             self.datastore.last_on(self.space.stream, f"{self.space.root}.>")
         )
-        return None if msg is None else int((msg.headers or {})["Nats-Sequence"])
+        return None if msg is None else sequence(msg)
 
     def subscribe(
         self, gt: int | None = None, topics: Sequence[str] = ()
@@ -244,7 +236,7 @@ class JetStreamSubscription(ListenNotifySubscription[JetStreamApplicationRecorde
             if notified is not None:
                 notified.set()
 
-        self._wakeup = bridge.run(bridge.nc.jetstream().subscribe(
+        self._wakeup = bridge.run(recorder.datastore.js.subscribe(
             f"{recorder.space.root}.>", cb=wake, ordered_consumer=True, headers_only=True,
             deliver_policy=DeliverPolicy.NEW,
         ))
@@ -263,9 +255,16 @@ class JetStreamTrackingRecorder(TrackingRecorder):
 
     def __init__(self, datastore: JetStreamDatastore) -> None:
         self.datastore = datastore
-        self._kv = datastore.bridge.run(datastore.js.create_key_value(
-            KeyValueConfig(bucket=datastore.layout.checkpoints_bucket)
-        ))
+        self._kv = datastore.bridge.run(self._bucket())
+
+    async def _bucket(self) -> KeyValue:
+        """The checkpoints bucket, created only if missing: an existing one keeps the
+        configuration `ensure_all` gave it (creating it again with other replicas fails)."""
+        js, bucket = self.datastore.js, self.datastore.layout.checkpoints_bucket
+        try:
+            return await js.key_value(bucket)
+        except BucketNotFoundError:
+            return await js.create_key_value(KeyValueConfig(bucket=bucket))
 
     def insert_tracking(self, tracking: Tracking) -> None:
         self.datastore.bridge.run(self._insert_tracking(tracking))

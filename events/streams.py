@@ -42,6 +42,17 @@ def events_stream_config(layout: Layout, replicas: int = 1) -> StreamConfig:
     )
 
 
+def snapshots_stream_config(layout: Layout) -> StreamConfig:
+    """Aggregate snapshots (the library's `snapshots` recorder), kept apart from the log."""
+    return StreamConfig(
+        name=layout.snapshots_stream,
+        subjects=[f"{layout.snapshots_root}.>"],
+        storage=StorageType.FILE,
+        allow_direct=True,
+        allow_atomic=True,
+    )
+
+
 def _stream_configs(layout: Layout, replicas: int) -> list[StreamConfig]:
     return [
         events_stream_config(layout, replicas),
@@ -76,6 +87,20 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
         await js.add_stream(config)
     except BadRequestError:
         await js.update_stream(config)
+
+
+async def create_stream_if_missing(js: JetStreamContext, config: StreamConfig) -> None:
+    """Create the stream unless it exists; an existing one keeps its configuration.
+
+    For processes that only use the store: `ensure_all` owns the installation's settings
+    (replicas above all), and `ensure_stream` from a process that does not know them would
+    scale an R3 stream down to `config`'s replicas.
+    """
+    assert config.name is not None
+    try:
+        await js.stream_info(config.name)
+    except NotFoundError:
+        await ensure_stream(js, config)
 
 
 async def ensure_all(js: JetStreamContext, layout: Layout, replicas: int = 1) -> None:

@@ -33,7 +33,6 @@ CLUSTER_SCOPE: Final = "_"
 _SAFE_TOKEN = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 _PREFIX = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _ENCODED = "="
-_KV_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")
 
 
 def encode_token(value: str) -> str:

@@ -142,8 +142,3 @@ def validate_vm(vm: VirtualMachine) -> None:
             f"must be one of {', '.join(SUPPORTED_RUN_STRATEGIES)} "
             f"(others are not supported yet), not {spec.run_strategy!r}",
         )
-
-
-def to_builtins(obj: ApiStruct) -> dict[str, Any]:
-    out: dict[str, Any] = msgspec.to_builtins(obj)
-    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from typing import Any
@@ -22,7 +23,9 @@ from eventsourcing.tests.persistence import (
     TrackingRecorderTestCase,
 )
 from eventsourcing.utils import Environment
+from nats.js.api import KeyValueConfig
 
+from events.connect import connect
 from events.jetstream import (
     JetStreamAggregateRecorder,
     JetStreamApplicationRecorder,
@@ -30,6 +33,8 @@ from events.jetstream import (
     JetStreamProcessRecorder,
     JetStreamTrackingRecorder,
 )
+from events.streams import events_stream_config
+from events.subjects import Layout
 from tests.natsserver import shared_server
 
 
@@ -121,5 +126,32 @@ def test_environment_selects_module(nats_url: str, prefix: str) -> None:
     try:
         assert isinstance(factory, JetStreamFactory)
         assert factory.datastore.layout.prefix == prefix
+    finally:
+        factory.close()
+
+
+def test_the_store_leaves_an_installations_streams_and_buckets_as_configured(
+        nats_url: str, prefix: str) -> None:
+    """`ensure_all` owns the settings (an R3 events stream was scaled down to R1 by the
+    control plane's own writer); the store only creates what is missing."""
+    layout = Layout(prefix)
+
+    async def install() -> None:
+        nc = await connect(nats_url, "installer")
+        js = nc.jetstream()
+        config = events_stream_config(layout)
+        config.description = "as the installation configured it"
+        await js.add_stream(config)
+        await js.create_key_value(KeyValueConfig(bucket=layout.checkpoints_bucket, history=3))
+        await nc.close()
+
+    asyncio.run(install())
+    factory = JetStreamFactory(Environment(env={"NATS_URL": nats_url, "VIRTBUS_PREFIX": prefix}))
+    try:
+        factory.application_recorder()
+        factory.tracking_recorder()
+        ds = factory.datastore
+        info = ds.bridge.run(ds.js.stream_info(layout.events_stream))
+        assert info.config.description == "as the installation configured it"
     finally:
         factory.close()
