@@ -47,17 +47,17 @@ async def serve(nats_url: str, layout: Layout, *, replicas: int = 1,
     writer = Writer(nats_url, layout)
     loop = ControlLoop(nc, layout, writer, node_grace_seconds)
     log.info("control plane started", nats_url=nats_url, prefix=layout.prefix)
+    watchers = [asyncio.ensure_future(halt_on(e)) for e in (stop, lost)]
     try:
-        watchers = [asyncio.ensure_future(halt_on(e)) for e in (stop, lost)]
         await asyncio.gather(
             CommandIntake(nc, layout, writer).run(halt),
             ReportIntake(nc, layout, writer).run(halt),
             loop.run(halt),
             lease.hold(halt, lost),
         )
-        for w in watchers:
-            w.cancel()
     finally:
+        for w in watchers:  # also when a part failed: no task left pending at loop close
+            w.cancel()
         writer.close()
         await nc.close()
     return not lost.is_set()
