@@ -30,7 +30,8 @@ DEFAULT_PREFIX: Final = "virtbus"
 CLUSTER_SCOPE: Final = "_"
 """The namespace token of cluster-scoped objects (nodes, the HyperConverged's operands)."""
 
-_SAFE_TOKEN = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
+DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+"""Kubernetes' name pattern (without its 63-character limit); such names are subject-safe."""
 _PREFIX = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _ENCODED = "="
 
@@ -41,7 +42,7 @@ def encode_token(value: str) -> str:
     Encoded tokens start with `=`, which no DNS-1123 label can, so the mapping is reversible
     and the result is also a valid KV key.
     """
-    if _SAFE_TOKEN.fullmatch(value):
+    if DNS1123_LABEL.fullmatch(value):
         return value
     if not value:
         raise InvalidSpec("name", "must not be empty")

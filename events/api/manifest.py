@@ -19,8 +19,8 @@ from events.api.vm import (
     VirtualMachineInstance,
 )
 from events.errors import InvalidSpec
+from events.subjects import DNS1123_LABEL
 
-DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 DNS1123_LABEL_MAX: Final = 63
 
 KINDS: dict[str, tuple[str, type[ApiStruct]]] = {
