@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +18,3 @@ def nats_url() -> str:
 def prefix() -> str:
     """A fresh prefix per test: its own streams and buckets on the shared server."""
     return "t" + uuid.uuid4().hex[:12]
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path / "data"

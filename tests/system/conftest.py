@@ -24,8 +24,8 @@ async def hco_settled(vb: Client) -> bool:
 @pytest.fixture
 def system(nats_url: str, prefix: str, tmp_path: Path) -> Iterator[System]:
     sys_ = System(nats_url, prefix, tmp_path)
-    sys_.start_all()
     try:
+        sys_.start_all()
         yield sys_
     finally:
         sys_.stop_all()

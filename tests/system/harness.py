@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from controlplane.client import Client
-from controlplane.up import TEST_DRIVER_URI, agent_args
+from controlplane.up import UpOptions, children
 from events.messages import DomainSummary, SimReply, SimRequest
 from events.server import free_port
 
@@ -54,15 +54,13 @@ class System:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.args: dict[str, list[str]] = {}
         self.env: dict[str, dict[str, str]] = {"controlplane": {"VIRTBUS_REPLICA": "cp-a"}}
-        common = ["--nats-url", nats_url, "--prefix", prefix]
-        self.args["controlplane"] = ["-m", "controlplane", "run", *common,
-                                     "--node-grace", str(node_grace)]
         self.http_port = free_port()
-        self.args["projections"] = ["-m", "projections", "run", *common,
-                                    "--listen", f"127.0.0.1:{self.http_port}"]
-        for i in range(1, nodes + 1):
-            self.args[f"node-{i}"] = [*agent_args(f"node-{i}", common, TEST_DRIVER_URI, logs),
-                                      "--host-cpu-model", "Haswell-noTSX"]
+        # The command lines `virtbus up` runs, with `logs` as its data directory.
+        up = UpOptions(data_dir=logs, nodes=nodes, prefix=prefix, node_grace_seconds=node_grace)
+        for child in children(up, nats_url, logs, self.http_port):
+            self.args[child.name] = child.args
+            if child.name.startswith("node-"):
+                self.args[child.name] += ["--host-cpu-model", "Haswell-noTSX"]
 
     def add_replica(self, name: str) -> None:
         """Another control-plane process, standing by for the lease."""
@@ -94,10 +92,17 @@ class System:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         text = (self.logs / f"{name}.log").read_text(errors="replace")
         return "\n".join(text.splitlines()[-lines:])
+
+
+async def last_sequence(vb: Client) -> int:
+    """The events stream's head: a test compares it before and after to see nothing appended."""
+    info = await vb.js.stream_info(vb.layout.events_stream)
+    return int(info.state.last_seq)
 
 
 async def ready_nodes(vb: Client, count: int) -> list[dict[str, Any]] | None:
@@ -118,12 +123,26 @@ async def vm_status(vb: Client, name: str, printable: str,
     return items[0] if items and items[0]["status"]["printableStatus"] == printable else None
 
 
+async def replaced(vb: Client, name: str, old_uid: str) -> dict[str, Any] | None:
+    """VMI `name` Running again as a new instance (another uid than `old_uid`)."""
+    vmi = await vmi_phase(vb, name, "Running")
+    return vmi if vmi and vmi["metadata"]["uid"] != old_uid else None
+
+
+async def vmi_absent(vb: Client, name: str, namespace: str = "default") -> bool:
+    return await vb.query("VirtualMachineInstance", namespace, name) == []
+
+
 async def domains(vb: Client, node: str) -> list[DomainSummary]:
     reply = await vb.nc.request(vb.layout.agent_subject(node, "sim"),
                                 msgspec.msgpack.encode(SimRequest(action="domains")), timeout=10)
     answer = msgspec.msgpack.decode(reply.data, type=SimReply)
     assert answer.ok, answer.error
     return answer.domains
+
+
+async def no_domains(vb: Client, node: str) -> bool:
+    return not await domains(vb, node)
 
 
 async def hosted(vb: Client, uid: str, nodes: int = 2) -> list[DomainSummary]:

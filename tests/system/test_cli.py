@@ -7,15 +7,30 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.system.harness import WAIT_SECONDS
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vm-cirros.yaml"
-WAIT_SECONDS = 30.0
+
+
+def read_line(proc: subprocess.Popen[str], on_timeout: Callable[[], None]) -> str:
+    """The next line `proc` prints; after `WAIT_SECONDS` `on_timeout` is called (it must end
+    the process), so a process that never prints fails the test instead of hanging it."""
+    assert proc.stdout is not None
+    watchdog = threading.Timer(WAIT_SECONDS, on_timeout)
+    watchdog.start()
+    try:
+        return proc.stdout.readline()
+    finally:
+        watchdog.cancel()
 
 
 class Cli:
@@ -44,18 +59,28 @@ class Cli:
 def cli(tmp_path: Path) -> Iterator[Cli]:
     env = {**os.environ, "VIRTBUS_CONTEXT": str(tmp_path / "context.json")}
     env.pop("VIRTBUS_NATS_URL", None)
+    # Its own process group: whatever `up` started (nats-server, agents) can be killed with it.
     up = subprocess.Popen([sys.executable, "-m", "controlplane.cli", "up", "--data-dir",
                            str(tmp_path / "data"), "--nodes", "2"], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                          start_new_session=True)
+
+    def kill_all() -> None:
+        with suppress(ProcessLookupError):  # the whole group already gone
+            os.killpg(up.pid, signal.SIGKILL)
+
     try:
-        assert up.stdout is not None
-        assert up.stdout.readline().startswith("virtbus is up")
+        assert read_line(up, kill_all).startswith("virtbus is up")
         run = Cli(env)
         run.until("get", "nodes", contains="node-2   Ready")
         yield run
     finally:
         up.send_signal(signal.SIGINT)
-        up.wait(timeout=60)
+        try:
+            up.wait(timeout=60)
+        finally:
+            kill_all()  # `up` stops its children on SIGINT; any still there do not outlive it
+            up.wait()
 
 
 def test_lifecycle_through_the_cli(cli: Cli, tmp_path: Path) -> None:
@@ -103,8 +128,7 @@ def _first_lines(cli: Cli, count: int) -> list[dict[str, object]]:
         [sys.executable, "-m", "controlplane.cli", "watch", "vm", "testvm", "--since", "1",
          "-o", "json"], env=cli.env, stdout=subprocess.PIPE, text=True)
     try:
-        assert watch.stdout is not None
-        return [json.loads(watch.stdout.readline()) for _ in range(count)]
+        return [json.loads(read_line(watch, watch.kill)) for _ in range(count)]
     finally:
         watch.terminate()
         watch.wait(timeout=10)

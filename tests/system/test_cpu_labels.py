@@ -28,8 +28,8 @@ async def test_obsolete_cpu_models_and_min_cpu_model_reach_node_labels(
         nats_url: str, prefix: str, tmp_path: Path) -> None:
     system = System(nats_url, prefix, tmp_path, nodes=1)
     system.args["node-1"] += ["--rediscovery-interval", "0.5"]
-    system.start_all()
     try:
+        system.start_all()
         async with await Client.connect(nats_url, prefix, actor="user:carol") as vb:
             await eventually(lambda: ready_nodes(vb, 1), what="node Ready")
             before = await eventually(

@@ -12,13 +12,14 @@ import pytest
 from controlplane.client import Client, CommandRejected
 from events.errors import InvalidSpec
 from events.messages import Outcome
-from tests.system.harness import System, domains, eventually, vm_manifest, vmi_phase
-
-
-async def last_sequence(vb: Client) -> int:
-    info = await vb.js.stream_info(vb.layout.events_stream)
-    return int(info.state.last_seq)
-
+from tests.system.harness import (
+    System,
+    domains,
+    eventually,
+    last_sequence,
+    vm_manifest,
+    vmi_phase,
+)
 
 BAD_MANIFESTS: list[tuple[dict[str, Any], str, str]] = [
     ({"kind": "VirtualMachinePool", "apiVersion": "kubevirt.io/v1"}, "kind", "must be one of"),

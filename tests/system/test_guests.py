@@ -15,10 +15,13 @@ import yaml
 
 from controlplane.client import Client
 from tests.system.harness import (
+    WAIT_SECONDS,
     System,
     domains,
     eventually,
     hosted,
+    no_domains,
+    replaced,
     vm_manifest,
     vm_status,
     vmi_phase,
@@ -36,7 +39,12 @@ async def virtbus(system: System, *args: str) -> Run:
         sys.executable, "-m", "controlplane.cli", "--nats-url", system.nats_url,
         "--prefix", system.prefix, *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await proc.communicate()
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), WAIT_SECONDS)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
     assert proc.returncode is not None
     return Run(proc.returncode, out.decode(), err.decode())
 
@@ -55,11 +63,6 @@ async def reasons(vb: Client, name: str) -> list[str]:
     """Every `status.reason` the VMI named `name` has had, across its instances."""
     return [c["value"] for e in await vb.history("VirtualMachineInstance", "default", name)
             for c in e.changes if c["path"] == "/status/reason" and c["op"] != "remove"]
-
-
-async def replaced(vb: Client, name: str, old_uid: str) -> dict[str, Any] | None:
-    vmi = await vmi_phase(vb, name, "Running")
-    return vmi if vmi and vmi["metadata"]["uid"] != old_uid else None
 
 
 async def node_ready(vb: Client, node: str, ready: bool) -> bool:
@@ -186,7 +189,7 @@ async def test_agent_stop_start_and_kill(system: System, vb: Client) -> None:
     started = await virtbus(system, "sim", "agent-start", node)
     assert started.code == 0, started.err
     await eventually(lambda: node_ready(vb, node, True), what=f"{node} Ready again")
-    await eventually(lambda: _no_domains(vb, node), what="the stale domain removed")
+    await eventually(lambda: no_domains(vb, node), what="the stale domain removed")
 
     # kill -9: the simulated host is kept in a file (--sim-state), so the restarted agent
     # adopts the guest as on a real hypervisor. It takes work only once it has reconciled, so
@@ -201,7 +204,3 @@ async def test_agent_stop_start_and_kill(system: System, vb: Client) -> None:
     assert (vmi["metadata"]["uid"], vmi["status"]["nodeName"]) == (uid, other)
     assert [d.state for d in await hosted(vb, uid)] == [libvirt.VIR_DOMAIN_PAUSED]
     assert "domain missing after agent restart" not in await reasons(vb, "mover")
-
-
-async def _no_domains(vb: Client, node: str) -> bool:
-    return not await domains(vb, node)

@@ -11,7 +11,7 @@ from controlplane.client import Client, CommandRejected
 from events.api import hco_defaults as d
 from projections.hco import ALERTS_QUERY, METRICS_QUERY, metrics
 from projections.hco_metrics import OUT_OF_BAND_MODIFICATIONS, UNSAFE_MODIFICATIONS
-from tests.system.harness import System, eventually, ready_nodes, vm_manifest
+from tests.system.harness import System, eventually, last_sequence, ready_nodes, vm_manifest
 
 KUBEVIRT_CR = f"kubevirt-{d.DEFAULT_NAME}"
 HCO = "HyperConverged"
@@ -36,11 +36,6 @@ async def reconciled(vb: Client, **condition: str) -> dict[str, Any] | None:
 
 async def kubevirt(vb: Client) -> dict[str, Any]:
     return await vb.get("KubeVirt", "", KUBEVIRT_CR)
-
-
-async def last_sequence(vb: Client) -> int:
-    info = await vb.js.stream_info(vb.layout.events_stream)
-    return int(info.state.last_seq)
 
 
 def sample(text: str, metric: str, label: str, value: str) -> float | None:

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from controlplane.client import Client, CommandRejected
-from tests.system.harness import domains, eventually, vm_manifest, vm_status, vmi_phase
+from tests.system.harness import (
+    domains,
+    eventually,
+    no_domains,
+    replaced,
+    vm_manifest,
+    vm_status,
+    vmi_absent,
+    vmi_phase,
+)
 
 
 async def test_always_vm_runs_and_stops(vb: Client) -> None:
@@ -21,13 +30,9 @@ async def test_always_vm_runs_and_stops(vb: Client) -> None:
     await vb.act("VirtualMachine", "stop", "default", "web")
     await eventually(lambda: vm_status(vb, "web", "Stopped"), what="VM Stopped")
     assert await vb.query("VirtualMachineInstance", "default", "web") == []
-    assert await eventually(lambda: _no_domains(vb, node), what="domain gone")
+    assert await eventually(lambda: no_domains(vb, node), what="domain gone")
     vm = await vb.get("VirtualMachine", "default", "web")
     assert vm["spec"]["runStrategy"] == "Halted"
-
-
-async def _no_domains(vb: Client, node: str) -> bool:
-    return not await domains(vb, node)
 
 
 async def test_start_and_stop_follow_kubevirt_per_run_strategy(vb: Client) -> None:
@@ -56,12 +61,8 @@ async def test_restart_replaces_the_vmi(vb: Client) -> None:
     await vb.apply(vm_manifest("rs"))
     first = await eventually(lambda: vmi_phase(vb, "rs", "Running"), what="first VMI")
     await vb.act("VirtualMachine", "restart", "default", "rs")
-
-    async def replaced() -> dict[str, object] | None:
-        vmi = await vmi_phase(vb, "rs", "Running")
-        return vmi if vmi and vmi["metadata"]["uid"] != first["metadata"]["uid"] else None
-
-    second = await eventually(replaced, what="a new VMI after restart")
+    second = await eventually(lambda: replaced(vb, "rs", first["metadata"]["uid"]),
+                              what="a new VMI after restart")
     assert (await vb.get("VirtualMachine", "default", "rs"))["status"]["restartCount"] == 1
     node = second["status"]["nodeName"]
     assert [d.uid for d in await domains(vb, node)] == [second["metadata"]["uid"]]
@@ -71,11 +72,7 @@ async def test_delete_vm_removes_its_vmi(vb: Client) -> None:
     await vb.apply(vm_manifest("gone"))
     vmi = await eventually(lambda: vmi_phase(vb, "gone", "Running"), what="VMI Running")
     await vb.act("VirtualMachine", "delete", "default", "gone")
-    assert await eventually(lambda: _no_domains(vb, vmi["status"]["nodeName"]),
+    assert await eventually(lambda: no_domains(vb, vmi["status"]["nodeName"]),
                             what="domain removed")
     assert await vb.query("VirtualMachine", "default", "gone") == []
-    assert await eventually(lambda: _absent(vb, "gone"), what="VMI removed")
-
-
-async def _absent(vb: Client, name: str) -> bool:
-    return await vb.query("VirtualMachineInstance", "default", name) == []
+    assert await eventually(lambda: vmi_absent(vb, "gone"), what="VMI removed")

@@ -15,9 +15,11 @@ from tests.system.harness import (
     System,
     eventually,
     hosted,
+    last_sequence,
     ready_nodes,
     vm_manifest,
     vm_status,
+    vmi_absent,
     vmi_phase,
 )
 
@@ -55,9 +57,8 @@ async def test_same_data_directory_gives_the_same_state(tmp_path: Path, prefix: 
         await eventually(lambda: vmi_phase(vb, "a", "Running"), what="a Running")
         await eventually(lambda: vmi_phase(vb, "c", "Running"), what="c Running")
         await vb.act("VirtualMachine", "stop", "default", "c")
-        await eventually(lambda: _gone(vb, "c"), what="c stopped")
-        info = await vb.js.stream_info(vb.layout.events_stream)
-        head = int(info.state.last_seq)
+        await eventually(lambda: vmi_absent(vb, "c"), what="c stopped")
+        head = await last_sequence(vb)
         before = await snapshot(vb, head)
         replayed = await vb.query_at(head, "VirtualMachine")
 
@@ -85,7 +86,3 @@ async def test_guests_outlive_a_full_restart(tmp_path: Path, prefix: str) -> Non
         assert (after["metadata"]["uid"], after["status"]["nodeName"]) == \
             (uid, before["status"]["nodeName"])
         assert len(await hosted(vb, uid)) == 1
-
-
-async def _gone(vb: Client, name: str) -> bool:
-    return await vb.query("VirtualMachineInstance", "default", name) == []
