@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from events.server import EmbeddedNats
 
 @functools.cache
 def shared_server() -> EmbeddedNats:
-    server = EmbeddedNats(Path(tempfile.mkdtemp(prefix="virtbus-nats-"))).start()
+    data = Path(tempfile.mkdtemp(prefix="virtbus-nats-"))
+    atexit.register(shutil.rmtree, data, ignore_errors=True)  # runs after the stop below
+    server = EmbeddedNats(data).start()
     atexit.register(server.stop)
     return server

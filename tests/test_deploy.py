@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -162,18 +162,14 @@ async def _refused(refusals: Refusals, subject: str, op: Callable[[], Awaitable[
 
 
 @pytest.fixture
-def secured_nats(tmp_path: Path) -> Any:
+def secured_nats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A server on accounts.conf; its passwords are in the environment it inherits."""
     shutil.copy(DEPLOY / "nats" / "accounts.conf", tmp_path / "accounts.conf")
     (tmp_path / "server.conf").write_text("include ./accounts.conf\n")
-    env = _env_for((DEPLOY / "nats" / "accounts.conf").read_text())
-    saved = dict(os.environ)
-    os.environ.update(env)
-    try:
-        with EmbeddedNats(tmp_path / "data", config=tmp_path / "server.conf") as server:
-            yield server.url
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    for name, value in _env_for((DEPLOY / "nats" / "accounts.conf").read_text()).items():
+        monkeypatch.setenv(name, value)
+    with EmbeddedNats(tmp_path / "data", config=tmp_path / "server.conf") as server:
+        yield server.url
 
 
 async def test_accounts_permissions_per_role(secured_nats: str) -> None:
