@@ -23,7 +23,7 @@ from controlplane.aggregate import Aggregate
 from controlplane.handling import Decision, Rejected, handles
 from controlplane.hco import jsonpatch
 from controlplane.hco.conditions import merge_conditions, system_health
-from controlplane.hco.desired import drift
+from controlplane.hco.desired import pending_write
 from controlplane.hco.operands import OPERANDS
 from controlplane.hco.operands.kubevirt import KUBEVIRT
 from controlplane.hco.validation import check_uninstall, validate_hco
@@ -224,12 +224,12 @@ def _operand_reconcile(d_: Decision) -> None:
     if not agg.exists:
         d_.trigger(agg, OperandApplied, kind=kind, object=desired)
         return
-    paths = drift(desired, agg.state.object)
-    if not paths and desired == agg.state.object:
+    paths = pending_write(desired, agg.state.object, out_of_band=agg.state.out_of_band)
+    if paths is None:
         return
-    if agg.state.out_of_band and paths:
+    if agg.state.out_of_band:
         d_.trigger(agg, OperandReverted, kind=kind, component=name, drift=paths, object=desired)
-    elif not agg.state.out_of_band:
+    else:
         d_.trigger(agg, OperandApplied, kind=kind, object=desired, drift=paths)
 
 

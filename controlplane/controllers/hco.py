@@ -23,7 +23,7 @@ import msgspec
 from controlplane.controllers import derived_command
 from controlplane.hco import jsonpatch
 from controlplane.hco.conditions import compute_conditions
-from controlplane.hco.desired import desired_operands, drift
+from controlplane.hco.desired import desired_operands, pending_write
 from controlplane.hco.operands import OPERANDS, ClusterInfo
 from controlplane.hco_commands import StatusReport
 from events.api import hco_defaults as d
@@ -67,11 +67,12 @@ class HCOController:
         for op in OPERANDS:
             obj = desired.objects[op.kind]
             current = state.views.get(operand_id(op.kind, op.name(hco)))
-            exists = isinstance(current, OperandView) and current.exists
             versions.append(current.version if current is not None else 0)
-            if exists and op.jsonpatch_annotation in failed:
+            operand = current if isinstance(current, OperandView) and current.exists else None
+            if operand is not None and op.jsonpatch_annotation in failed:
                 continue
-            if not exists or self._differs(obj, current):
+            if operand is None or pending_write(
+                    obj, operand.object, out_of_band=operand.out_of_band) is not None:
                 writes.append(derived_command(
                     NAME, op.kind, "reconcile", "", op.name(hco), view.version,
                     versions[-1], manifest=obj, correlation_id=correlation_id))
@@ -89,9 +90,3 @@ class HCOController:
         return [derived_command(NAME, d.KIND, "status", "", d.DEFAULT_NAME, view.version,
                                 *versions, manifest=msgspec.to_builtins(report),
                                 correlation_id=correlation_id)]
-
-    @staticmethod
-    def _differs(desired: dict[str, object], current: object) -> bool:
-        assert isinstance(current, OperandView)
-        return bool(drift(desired, current.object)) or (
-            not current.out_of_band and desired != current.object)

@@ -62,6 +62,17 @@ def drift(desired: JSON, actual: JSON) -> list[str]:
     return changed
 
 
+def pending_write(desired: JSON, actual: JSON, *, out_of_band: bool) -> list[str] | None:
+    """The drift HCO's write of `desired` over `actual` undoes, or None when HCO writes
+    nothing. An out-of-band write is reverted only where it touched what HCO owns; HCO's own
+    last write is replaced on any change of the derivation. The controller asks this to
+    decide whether to write, the writer to decide on fresh state what the write is."""
+    paths = drift(desired, actual)
+    if paths or (not out_of_band and desired != actual):
+        return paths
+    return None
+
+
 def _diff(want: Any, have: Any, path: str) -> list[str]:
     if isinstance(want, dict) and isinstance(have, dict):
         keys = list(want) + [key for key in have if key not in want]

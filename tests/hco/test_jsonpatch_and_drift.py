@@ -6,7 +6,7 @@ import copy
 
 from controlplane.hco import jsonpatch
 from controlplane.hco.conditions import compute_conditions
-from controlplane.hco.desired import desired_operands, drift
+from controlplane.hco.desired import desired_operands, drift, pending_write
 from events.api.hco import HyperConverged
 from tests.hco.manifests import load
 
@@ -155,3 +155,18 @@ def test_drift_lists_changed_added_and_removed_paths() -> None:
 def test_drift_tells_bool_from_int() -> None:
     assert drift({"spec": {"a": True}}, {"spec": {"a": 1}}) == ["/spec/a"]
     assert drift({"spec": {"a": [1, 2]}}, {"spec": {"a": [1, 3]}}) == ["/spec/a/1"]
+
+
+def test_pending_write_reverts_only_owned_drift_and_follows_the_derivation() -> None:
+    desired = desired_operands(HyperConverged()).objects["KubeVirt"]
+    same = copy.deepcopy(desired)
+    foreign = copy.deepcopy(desired)
+    foreign["metadata"]["labels"]["someone-else"] = "x"
+    edited = copy.deepcopy(desired)
+    edited["spec"]["uninstallStrategy"] = "RemoveWorkloads"
+    for out_of_band in (False, True):
+        assert pending_write(desired, same, out_of_band=out_of_band) is None
+        assert pending_write(desired, edited, out_of_band=out_of_band) == [
+            "/spec/uninstallStrategy"]
+    assert pending_write(desired, foreign, out_of_band=True) is None  # nothing HCO owns
+    assert pending_write(desired, foreign, out_of_band=False) == []  # HCO's own, rewritten
