@@ -141,13 +141,6 @@ def effective_kubevirt(state: ClusterState) -> dict[str, Any] | None:
     return view.object if view is not None else None
 
 
-def default_cpu_model(state: ClusterState) -> str:
-    """`spec.configuration.cpuModel` of the effective KubeVirt ("" when unset)."""
-    kubevirt = effective_kubevirt(state) or {}
-    model: str = kubevirt.get("spec", {}).get("configuration", {}).get("cpuModel", "")
-    return model
-
-
 def cluster_tuning(state: ClusterState) -> ClusterTuning:
     """The scheduler's knobs from the effective KubeVirt (KubeVirt's defaults before HCO
     has written one)."""
@@ -262,11 +255,8 @@ ALERTS_QUERY = "Alerts"
 def answer(state: ClusterState, kind: str, name: str, now: datetime) -> list[dict[str, Any]]:
     """The read service's answer for an HCO kind, `Metrics` or `Alerts`. Counters come from
     the log alone; only whether an alert still fires depends on `now`."""
-    match kind:
-        case "Metrics":
-            return [{"text": metrics(state).exposition().decode()}]
-        case "Alerts":
-            return [render_alert(alert) for alert in metrics(state).alerts(now)]
-        case _:
-            return [o for o in render_kind(state, kind)
-                    if not name or o["metadata"]["name"] == name]
+    if kind == METRICS_QUERY:
+        return [{"text": metrics(state).exposition().decode()}]
+    if kind == ALERTS_QUERY:
+        return [render_alert(alert) for alert in metrics(state).alerts(now)]
+    return [o for o in render_kind(state, kind) if not name or o["metadata"]["name"] == name]

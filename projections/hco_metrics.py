@@ -106,15 +106,11 @@ class HcoMetrics:
         )
         return firing
 
-    def registry(self) -> CollectorRegistry:
-        """A Prometheus registry exposing the current state (for an HTTP handler)."""
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_StateCollector(self))
-        return registry
-
     def exposition(self) -> bytes:
         """The Prometheus text format of the current state."""
-        return generate_latest(self.registry())
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_StateCollector(self))
+        return generate_latest(registry)
 
 
 class _StateCollector(Collector):
