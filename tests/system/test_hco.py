@@ -19,8 +19,10 @@ HCO = "HyperConverged"
 
 async def reconciled(vb: Client, **condition: str) -> dict[str, Any] | None:
     """The HyperConverged once reconciled at its generation, with the given condition
-    statuses (`TaintedConfiguration="True"`; "absent" for a condition not reported)."""
-    items = await vb.query(HCO, name=d.DEFAULT_NAME)
+    statuses (`TaintedConfiguration="True"`; "absent" for a condition not reported). Read
+    after everything written so far: a read model that has not yet seen the last patch
+    shows the previous generation, reconciled."""
+    items = await vb.query(HCO, name=d.DEFAULT_NAME, after=await last_sequence(vb))
     if not items:
         return None
     hco = items[0]
@@ -206,7 +208,7 @@ async def uninstall_strategies(vb: Client) -> None:
     assert await last_sequence(vb) == before
 
     await vb.patch(HCO, "", d.DEFAULT_NAME, {"spec": {"uninstallStrategy": "RemoveWorkloads"}})
-    await vb.act(HCO, "delete", "", d.DEFAULT_NAME)
-    assert await vb.query("VirtualMachine") == []
-    assert await vb.query(HCO) == []
-    assert await vb.query("KubeVirt") == []
+    deleted = (await vb.act(HCO, "delete", "", d.DEFAULT_NAME)).sequences[-1]
+    assert await vb.query("VirtualMachine", after=deleted) == []
+    assert await vb.query(HCO, after=deleted) == []
+    assert await vb.query("KubeVirt", after=deleted) == []
