@@ -18,7 +18,7 @@ from controlplane.defaults import INTAKE_BATCH
 from controlplane.writer import Writer
 from events.aio import ACK_WAIT_SECONDS, claimed
 from events.messages import Command, NodeReport, Outcome
-from events.subjects import Layout, decode_token, encode_token
+from events.subjects import Layout, encode_token
 
 log = structlog.get_logger(__name__)
 
@@ -65,7 +65,7 @@ class CommandIntake:
             log.warning("undecodable command dropped", subject=msg.subject, error=str(e))
             return
         key = encode_token(command.id)
-        actor = decode_token(msg.subject.split(".")[2])
+        actor = self.layout.command_actor(msg.subject)
         if command.actor != actor:
             outcome = Outcome(command_id=command.id, accepted=False, field="actor",
                               reason=f"actor {command.actor!r} does not match the subject's "

@@ -139,6 +139,10 @@ class Layout(msgspec.Struct, frozen=True):
     def command_subject(self, actor: str, kind: str, verb: str) -> str:
         return f"{self.prefix}.cmd.{encode_token(actor)}.{kind}.{verb}"
 
+    def command_actor(self, subject: str) -> str:
+        """The actor a `command_subject` names (the server's permissions vouch for it)."""
+        return decode_token(subject.removeprefix(f"{self.prefix}.cmd.").split(".", 1)[0])
+
     @property
     def commands_filter(self) -> str:
         return f"{self.prefix}.cmd.>"

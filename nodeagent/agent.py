@@ -55,7 +55,7 @@ from events.messages import (
 )
 from events.query import Answer, Query, query_subject
 from events.streams import HEARTBEAT_INTERVAL, wait_for_streams
-from events.subjects import Layout, encode_token
+from events.subjects import DEFAULT_PREFIX, Layout, encode_token
 from nodeagent import lifecycle
 from nodeagent.converter import convert
 from nodeagent.converter import defaults as converter_defaults
@@ -125,7 +125,7 @@ class VMIRef(msgspec.Struct, frozen=True):
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     nats_url: str
-    prefix: str = "virtbus"
+    prefix: str = DEFAULT_PREFIX
     libvirt_uri: str = TEST_DEFAULT_URI
     kvm_devices: int = DEVICE_PLUGIN_CAPACITY
     tun_devices: int = DEVICE_PLUGIN_CAPACITY

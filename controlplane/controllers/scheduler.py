@@ -59,17 +59,14 @@ class Scheduler:
         best: tuple[float, str] | None = None
         tuning = cluster_tuning(state)
         for node in state.nodes():
-            _, _, name = split_aggregate_id(node.id)
-            emulation = node.info is not None and node.info.domain_type != "kvm"
-            ask = vmi_resources(vmi.spec.domain, emulation=emulation, tuning=tuning)
-            load = self._fits(state, node, name, ask, selector=vmi.spec.node_selector,
-                              tuning=tuning)
-            if load is not None and (best is None or (load, name) < best):
-                best = (load, name)
+            ask = vmi_resources(vmi.spec.domain, emulation=node.emulation, tuning=tuning)
+            load = self._fits(state, node, ask, selector=vmi.spec.node_selector, tuning=tuning)
+            if load is not None and (best is None or (load, node.name) < best):
+                best = (load, node.name)
         return best[1] if best else None
 
     @staticmethod
-    def _fits(state: ClusterState, node: NodeView, name: str, ask: VMIResources, *,
+    def _fits(state: ClusterState, node: NodeView, ask: VMIResources, *,
               selector: dict[str, str], tuning: ClusterTuning) -> float | None:
         """The node's memory load after placing `ask`, or None if it does not fit."""
         info = node.info
@@ -77,7 +74,7 @@ class Scheduler:
             return None
         if any(info.labels.get(k) != v for k, v in selector.items()):
             return None
-        used = state.node_usage(name, emulation=info.domain_type != "kvm", tuning=tuning)
+        used = state.node_usage(node.name, emulation=node.emulation, tuning=tuning)
         memory = int(quantity(info.allocatable.get("memory", "0")))
         cpu = int(quantity(info.allocatable.get("cpu", "0")) * 1000)
         if used["memory"] + ask.memory_bytes > memory or used["cpu"] + ask.cpu_millis > cpu:

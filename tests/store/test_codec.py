@@ -73,6 +73,8 @@ def test_any_name_becomes_one_subject_token_and_back(name: str) -> None:
     agg = aggregate_id("node", "", name)
     assert split_aggregate_id(agg) == ("node", "", name)
     assert len(Layout().aggregate_subject(agg).split(".")) == 5
+    layout = Layout("p1")
+    assert layout.command_actor(layout.command_subject(name, "vm", "start")) == name
 
 
 def test_a_prefix_that_would_split_subjects_is_refused() -> None:
