@@ -7,6 +7,7 @@ with a 204 status), so reading a log costs one round trip per page, not per mess
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Final
 
 import msgspec
@@ -56,9 +57,18 @@ async def direct_batch(nc: Client, stream: str, start: int, limit: int, subject:
 
 async def last_on(nc: Client, stream: str, subject: str) -> Msg | None:
     """The newest message on `subject` (wildcards allowed), or None."""
-    msg = await nc.request(
-        f"$JS.API.DIRECT.GET.{stream}", _encode_json({"last_by_subj": subject}), timeout=TIMEOUT
-    )
+    return await _one(nc, stream, {"last_by_subj": subject})
+
+
+async def first_since(nc: Client, stream: str, subject: str, at: datetime) -> Msg | None:
+    """The first message on `subject` stored at or after `at`, or None."""
+    stamp = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return await _one(nc, stream, {"start_time": stamp, "next_by_subj": subject})
+
+
+async def _one(nc: Client, stream: str, request: dict[str, str]) -> Msg | None:
+    msg = await nc.request(f"$JS.API.DIRECT.GET.{stream}", _encode_json(request),
+                           timeout=TIMEOUT)
     headers = msg.headers or {}
     if "Status" in headers:
         if headers["Status"] == "404":

@@ -7,9 +7,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
-import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -17,7 +16,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from events.codec import Event, decode
 from events.datastore import TOPIC_HEADER
-from events.directget import PAGE, direct_batch, last_on, sequence
+from events.directget import PAGE, direct_batch, first_since, last_on, sequence
 from events.subjects import Layout
 
 log = structlog.get_logger(__name__)
@@ -40,14 +39,8 @@ async def head(nc: Client, layout: Layout, subject: str | None = None) -> int:
 
 async def start_sequence_at(nc: Client, layout: Layout, at: datetime) -> int:
     """The first sequence stored at or after `at` (for `--since TIME`)."""
-    stamp = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    request = {"start_time": stamp, "next_by_subj": layout.events_filter()}
-    reply = await nc.request(f"$JS.API.DIRECT.GET.{layout.events_stream}",
-                             msgspec.json.encode(request), timeout=10)
-    headers = reply.headers or {}
-    if headers.get("Status") == "404":
-        return await head(nc, layout) + 1
-    return int(headers["Nats-Sequence"])
+    first = await first_since(nc, layout.events_stream, layout.events_filter(), at)
+    return sequence(first) if first is not None else await head(nc, layout) + 1
 
 
 class _Progress:

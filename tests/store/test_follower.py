@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -62,3 +63,23 @@ async def test_events_appended_during_replay_are_delivered_once(
         await nc.close()
     assert appended and min(appended) > target
     assert seen == list(range(1, live[-1] + 1))  # every event (commands' too), once, in order
+
+
+async def test_since_time_starts_at_the_first_event_stored_from_then(
+        handler: CommandHandler, nats_url: str, prefix: str) -> None:
+    """`watch --since TIME`: the first sequence stored at or after TIME, else past the head."""
+    layout = Layout(prefix)
+    nc = await connect(nats_url, "test-since")
+    try:
+        before = datetime.now(UTC)
+        earlier = register(handler, "early")
+        between = datetime.now(UTC)
+        later = register(handler, "late")
+        assert await follower.start_sequence_at(nc, layout, before) == 1
+        start = await follower.start_sequence_at(nc, layout, between)
+        assert max(earlier) < start <= min(later)
+        future = datetime.now(UTC) + timedelta(hours=1)
+        assert await follower.start_sequence_at(nc, layout, future) == \
+            await follower.head(nc, layout) + 1
+    finally:
+        await nc.close()
