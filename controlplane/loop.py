@@ -75,8 +75,11 @@ class ControlLoop:
 
     async def execute(self, commands: list[Command]) -> None:
         """Run controller commands; fold their events in at once so the next decision
-        sees them (the same events arrive again from the log and are skipped)."""
+        sees them (the same events arrive again from the log and are skipped). An event that
+        lands on an object changed meanwhile by someone else (a client's command, another
+        replica) waits for the log, which brings the other change first."""
         for command in commands:
             result = await self.writer.execute(command)
             for sequence, event in result.events:
-                self.state.apply(event, sequence)
+                if self.state.is_next(event):
+                    self.state.apply(event, sequence)

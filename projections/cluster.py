@@ -52,6 +52,13 @@ class ClusterState:
         view.apply(event, sequence)
         return view
 
+    def is_next(self, event: Event) -> bool:
+        """Whether `event` is the very next version of its object: folding it ahead of the
+        log then skips nothing (an event of a later version would hide an earlier one
+        not folded yet, which `apply` then drops as already seen)."""
+        view = self.views.get(event.originator_id)
+        return event.originator_version == (view.version if view is not None else 0) + 1
+
     def _get(self, cls: type[V], agg_id: str) -> V | None:
         view = self.views.get(agg_id)
         return view if isinstance(view, cls) and view.exists else None
