@@ -12,7 +12,9 @@ from datetime import datetime
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.client import JetStreamContext
 
 from events.codec import Event, decode
 from events.datastore import TOPIC_HEADER
@@ -22,6 +24,8 @@ from events.subjects import Layout
 log = structlog.get_logger(__name__)
 
 PROGRESS_EVERY_SECONDS = 2.0
+STALL_CHECK_SECONDS = 3.0
+"""How long a live follow waits in silence before it checks that it missed nothing."""
 
 OnEvent = Callable[[int, Event], Awaitable[None]]
 OnCaughtUp = Callable[[], Awaitable[None]]
@@ -96,25 +100,60 @@ async def follow(
     progress.done()
     if on_caught_up is not None:
         await on_caught_up()
+    await _follow_live(nc, layout, on_event, subject=subject, position=position, stop=stop)
+
+
+async def _follow_live(nc: Client, layout: Layout, on_event: OnEvent, *, subject: str,
+                       position: int, stop: asyncio.Event) -> None:
+    """Stay live from `position` on an ordered consumer, watched: when nothing arrives for
+    `STALL_CHECK_SECONDS` while the log holds events past `position`, the consumer is
+    presumed lost (a reset nats-py could not finish, a connection dropped) and replaced
+    from `position`. Anything already handed over is skipped, so a replacement, or
+    nats-py's own reset, never delivers an event twice."""
     queue: asyncio.Queue[Msg] = asyncio.Queue()
-    sub = await nc.jetstream().subscribe(
-        subject, ordered_consumer=True, cb=queue.put,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                              opt_start_seq=position),
-    )
     stopped = asyncio.ensure_future(stop.wait())
     got: asyncio.Future[Msg] | None = None
+    sub = await _subscribe(nc, subject, position, queue)
     try:
         while not stop.is_set():
             got = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait({got, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            if got not in done:
+            done, _ = await asyncio.wait({got, stopped}, timeout=STALL_CHECK_SECONDS,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if stopped in done:
                 break
+            if got not in done:
+                got.cancel()
+                if await _missed_some(nc, layout, subject, position):
+                    log.warning("live follow stalled; resubscribing", position=position)
+                    await sub.unsubscribe()
+                    sub = await _subscribe(nc, subject, position, queue)
+                continue
             msg = got.result()
-            await on_event(msg.metadata.sequence.stream, decode_msg(msg))
+            seq = msg.metadata.sequence.stream
+            if seq >= position:
+                position = seq + 1
+                await on_event(seq, decode_msg(msg))
     finally:
         # Neither waiter may outlive the follow (cancelled, stopped or failed).
         stopped.cancel()
         if got is not None:
             got.cancel()
         await sub.unsubscribe()
+
+
+async def _missed_some(nc: Client, layout: Layout, subject: str, position: int) -> bool:
+    """Whether the log holds an event at or past `position`; not knowing is not missing."""
+    try:
+        return await head(nc, layout, subject) >= position
+    except (TimeoutError, NatsError) as e:
+        log.warning("live follow could not read the log's head", error=str(e))
+        return False
+
+
+async def _subscribe(nc: Client, subject: str, position: int,
+                     queue: asyncio.Queue[Msg]) -> JetStreamContext.PushSubscription:
+    return await nc.jetstream().subscribe(
+        subject, ordered_consumer=True, cb=queue.put,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                              opt_start_seq=position),
+    )

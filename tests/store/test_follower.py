@@ -83,3 +83,38 @@ async def test_since_time_starts_at_the_first_event_stored_from_then(
             await follower.head(nc, layout) + 1
     finally:
         await nc.close()
+
+
+async def test_a_lost_live_consumer_is_replaced_and_nothing_comes_twice(
+        handler: CommandHandler, nats_url: str, prefix: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live consumer vanishes on the server (as after a reset nats-py could not finish):
+    the follow notices the log moved on without it and resubscribes where it was, well
+    before nats-py's own heartbeat check (two missed 5 s heartbeats) would."""
+    monkeypatch.setattr(follower, "STALL_CHECK_SECONDS", 0.2)
+    register(handler, "before")
+    layout = Layout(prefix)
+    nc = await connect(nats_url, "test-follower-stall")
+    js = nc.jetstream()
+    seen: list[int] = []
+    later: list[int] = []
+    stop = asyncio.Event()
+
+    async def on_event(sequence: int, _event: Event) -> None:
+        seen.append(sequence)
+        if later and sequence == later[-1]:
+            stop.set()
+
+    task = asyncio.ensure_future(follower.follow(nc, layout, on_event, stop=stop))
+    try:
+        async with asyncio.timeout(10):
+            while not (consumers := await js.consumers_info(layout.events_stream)):
+                await asyncio.sleep(0.05)  # poll until the live consumer exists
+        for consumer in consumers:
+            await js.delete_consumer(layout.events_stream, consumer.name)
+        later.extend(await asyncio.to_thread(register, handler, "after"))
+        await asyncio.wait_for(task, 5)
+    finally:
+        task.cancel()
+        await nc.close()
+    assert seen == list(range(1, later[-1] + 1))  # every event, once, in order
