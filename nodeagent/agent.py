@@ -37,6 +37,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -262,9 +263,9 @@ class NodeAgent:
     async def _query(self, kind: str) -> Answer:
         """Ask the read service, as of the log's end now."""
         assert self.nc is not None
-        info = await self.nc.jetstream().stream_info(self.layout.events_stream)
-        query = Query(kind=kind, after=info.state.last_seq)
         try:
+            info = await self.nc.jetstream().stream_info(self.layout.events_stream)
+            query = Query(kind=kind, after=info.state.last_seq)
             reply = await self.nc.request(query_subject(self.layout),
                                           msgspec.msgpack.encode(query),
                                           timeout=QUERY_TIMEOUT_SECONDS)
@@ -325,9 +326,9 @@ class NodeAgent:
         fingerprint = host_fingerprint(info)
         if fingerprint == self.fingerprint and not force:
             return
-        self.fingerprint = fingerprint
         await self._report(NodeReport(id=str(uuid.uuid4()), node=self.cfg.node, kind="node",
                                       info=msgspec.to_builtins(info)))
+        self.fingerprint = fingerprint  # only once reported: a failed report is tried again
 
     async def report_domain(self, ref: VMIRef, phase: str, reason: str = "", *,
                             gone: bool = False, paused: bool = False,
@@ -346,7 +347,10 @@ class NodeAgent:
         while not stop.is_set():
             await pause_unless_stopped(stop, self.cfg.rediscovery_seconds)
             if not stop.is_set() and self.active.is_set():
-                await self.report_host()
+                try:
+                    await self.report_host()
+                except (TimeoutError, NatsError) as e:
+                    self.log.warning("host not reported; trying again", error=str(e))
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
         assert self.nc is not None
@@ -354,7 +358,10 @@ class NodeAgent:
         key = encode_token(self.cfg.node)
         while not stop.is_set():
             if self.active.is_set():
-                await kv.put(key, str(time.time()).encode())
+                try:
+                    await kv.put(key, str(time.time()).encode())
+                except (TimeoutError, NatsError) as e:
+                    self.log.warning("heartbeat not written", error=str(e))
             await pause_unless_stopped(stop, HEARTBEAT_INTERVAL)
 
     async def _consume(self, stop: asyncio.Event) -> None:
