@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -40,3 +40,30 @@ async def vb(system: System) -> AsyncIterator[Client]:
         yield client
     finally:
         await client.close()
+
+
+LOG_TAIL_LINES = 6
+LOG_LINE_CHARS = 240
+
+
+def _notable(line: str) -> bool:
+    """A warning or worse, or not a structured log line at all (a traceback)."""
+    return not line.startswith("{") or any(
+        f'"level": "{level}"' in line for level in ("warning", "error", "critical"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+        item: pytest.Item) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed system test shows the end of each process's log: CI keeps nothing else."""
+    report = yield
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.when != "call" or not report.failed or not isinstance(tmp, Path):
+        return report
+    for log in sorted(tmp.glob("*.log")):
+        text = log.read_text(errors="replace").splitlines()
+        notable = [line for line in text[:-LOG_TAIL_LINES] if _notable(line)]
+        lines = notable[-LOG_TAIL_LINES:] + text[-LOG_TAIL_LINES:]
+        report.sections.append((f"log tail: {log.name}",
+                                "\n".join(line[:LOG_LINE_CHARS] for line in lines)))
+    return report

@@ -24,6 +24,16 @@ def labels_where(vb: Client, test: Callable[[dict[str, str]], bool]
     return probe
 
 
+def kubevirt_cpu_policy(vb: Client) -> Callable[[], Coroutine[Any, Any, bool]]:
+    """The effective KubeVirt CR carries the patch: what the agent reads next."""
+    async def probe() -> bool:
+        [kubevirt] = await vb.query("KubeVirt")
+        config = kubevirt["spec"]["configuration"]
+        return bool(config["obsoleteCPUModels"].get("SandyBridge")
+                    and config["minCPUModel"] == "Nehalem")
+    return probe
+
+
 async def test_obsolete_cpu_models_and_min_cpu_model_reach_node_labels(
         nats_url: str, prefix: str, tmp_path: Path) -> None:
     system = System(nats_url, prefix, tmp_path, nodes=1)
@@ -38,6 +48,7 @@ async def test_obsolete_cpu_models_and_min_cpu_model_reach_node_labels(
             assert FEATURE + "ssse3" not in before  # Penryn's own features are left out
             await vb.patch("HyperConverged", d.DEFAULT_NAMESPACE, d.DEFAULT_NAME, {"spec": {
                 "obsoleteCPUs": {"cpuModels": ["SandyBridge"], "minCPUModel": "Nehalem"}}})
+            await eventually(kubevirt_cpu_policy(vb), what="the KubeVirt CR's new CPU policy")
             after = await eventually(
                 labels_where(vb, lambda labels: MODEL + "SandyBridge" not in labels),
                 what="SandyBridge obsolete on the node")
