@@ -7,12 +7,18 @@
 | wants running                       | older restart count         | delete VMI (renew)  |
 | does not want running / deleted     | active, not being deleted   | delete VMI          |
 | deleted                             | finished                    | delete VMI          |
+
+Level-triggered on each VM and VMI, and on the KubeVirt CR (every VM again: admission by
+feature gate depends on it).
 """
 
 from __future__ import annotations
 
+from typing import Final
+
 from controlplane.controllers import derived_command
 from events.codec import Event
+from events.hco import OPERAND_TOKENS
 from events.messages import Command
 from events.subjects import aggregate_id, split_aggregate_id
 from events.vm import VM_KIND, VMI_KIND
@@ -20,6 +26,7 @@ from projections.cluster import ClusterState
 from projections.views import TERMINAL_PHASES, VirtualMachineView
 
 NAME = "vm"
+_KUBEVIRT: Final = OPERAND_TOKENS["KubeVirt"]
 
 
 class VMController:
@@ -27,6 +34,10 @@ class VMController:
 
     def on_event(self, state: ClusterState, event: Event) -> list[Command]:
         kind, namespace, name = split_aggregate_id(event.originator_id)
+        if kind == _KUBEVIRT:
+            # The effective configuration changed: a VMI its feature gates refused may be
+            # admitted now, without waiting for its VM to change.
+            return self.resync(state)
         if kind not in (VM_KIND, VMI_KIND):
             return []
         return self.reconcile(state, namespace, name, event.correlation_id)

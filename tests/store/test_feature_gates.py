@@ -18,11 +18,12 @@ from controlplane.feature_gates import check_feature_gates
 from controlplane.handling import CommandHandler, Result
 from events.api import hco_defaults as d
 from events.api.vm import VirtualMachineInstanceSpec
+from events.codec import Event, decode
 from events.errors import InvalidSpec
 from events.jetstream import JetStreamApplicationRecorder
 from events.messages import Command
 from projections.cluster import ClusterState
-from projections.hco import effective_kubevirt
+from projections.hco import OperandView, effective_kubevirt
 
 
 class Case(NamedTuple):
@@ -114,6 +115,12 @@ def set_gates(handler: CommandHandler, state: ClusterState, **gates: bool) -> li
     return gates_written
 
 
+def stored_event(handler: CommandHandler, sequence: int) -> Event:
+    """The event stored at `sequence`, as the control loop receives it."""
+    [stored] = handler.app.recorder.select_notifications(sequence, 1)
+    return decode(stored.topic, stored.state)
+
+
 def last_sequence(handler: CommandHandler) -> int:
     recorder = handler.app.recorder
     assert isinstance(recorder, JetStreamApplicationRecorder)
@@ -171,9 +178,13 @@ def test_vmi_of_an_admitted_vm_is_refused_once_its_gate_is_off(
     warned = [e for e in logs if e["log_level"] == "warning"]
     assert [(e["name"], e["field"]) for e in warned] == [
         ("metrics", "spec.volumes[1].downwardMetrics")]
-    # The gate back on: the same decision, taken again, now creates the VMI.
+    # The gate back on: the KubeVirt CR's change wakes the VM controller, whose decision,
+    # the same as before, now creates the VMI.
     set_gates(handler, state, downwardMetrics=True)
-    [again] = VMController().reconcile(state, "default", "metrics")
+    [kubevirt] = [v for v in state.views.values()
+                  if isinstance(v, OperandView) and v.kind == "KubeVirt"]
+    [again] = VMController().on_event(state, stored_event(handler, kubevirt.last_sequence))
+    assert again.id == create.id
     created = run(handler, state, again).outcome
     assert created.accepted
     assert state.vmi("default", "metrics") is not None
