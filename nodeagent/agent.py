@@ -31,6 +31,7 @@ import time
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from typing import Any
 
 import libvirt
 import msgspec
@@ -44,6 +45,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped
 from events.api.hco_defaults import KUBEVIRT_MIN_CPU_MODEL
 from events.api.resources import vmi_resources
+from events.api.vm import VirtualMachineInstanceSpec
 from events.connect import connect
 from events.errors import InvalidSpec, VirtbusError
 from events.messages import (
@@ -231,8 +233,10 @@ class NodeAgent:
                 self.log.warning("not reconciled: the read service did not answer", error=str(e))
                 return
             present = {ref.uid for ref in self.domains.values()}
-            for ref, phase in assigned.values():
-                if phase == GuestPhase.RUNNING and ref.uid not in present:
+            for ref, phase, vmi in assigned.values():
+                if ref.uid in present:
+                    self._correct_devices(ref, vmi)
+                elif phase == GuestPhase.RUNNING:
                     await self.report_domain(ref, GuestPhase.FAILED, DOMAIN_MISSING_REASON,
                                              gone=True)
             for ref in list(self.domains.values()):
@@ -241,7 +245,25 @@ class NodeAgent:
                                      namespace=ref.namespace, uid=ref.uid)
                     await self._remove(ref)
 
-    async def _assigned(self) -> dict[str, tuple[VMIRef, str]]:
+    def _correct_devices(self, ref: VMIRef, vmi: dict[str, Any]) -> None:
+        """A guest adopted at start holds one of each device until its VMI's spec says
+        what its launch took; a spec that no longer parses keeps the safe count."""
+        try:
+            spec, _ctx = parse_manifest(vmi, domain_type=self.domain_type,
+                                        disk_dir=self.cfg.disk_dir)
+        except InvalidSpec as e:
+            self.log.warning("devices of an adopted guest left as counted", vmi=ref.name,
+                             error=str(e))
+            return
+        self.ledger.correct(ref.uid, self._device_demand(spec))
+
+    def _device_demand(self, spec: VirtualMachineInstanceSpec) -> dict[str, int]:
+        """The device-plugin resources a VMI's launch takes (hugepages are not devices)."""
+        demand = vmi_resources(spec.domain, emulation=self.domain_type != "kvm").extended
+        tracked = self.ledger.available()
+        return {k: v for k, v in demand.items() if k in tracked}
+
+    async def _assigned(self) -> dict[str, tuple[VMIRef, str, dict[str, Any]]]:
         """Active VMIs placed on this node, by uid, as of the log's end when we asked."""
         deadline = time.monotonic() + self.cfg.read_service_wait_seconds
         while True:
@@ -252,12 +274,13 @@ class NodeAgent:
                 if time.monotonic() >= deadline:
                     raise
             await asyncio.sleep(READ_SERVICE_RETRY_SECONDS)  # retry backoff
-        out: dict[str, tuple[VMIRef, str]] = {}
+        out: dict[str, tuple[VMIRef, str, dict[str, Any]]] = {}
         for item in answer.items:
             meta, status = item["metadata"], item.get("status", {})
             phase = status.get("phase", "")
             if status.get("nodeName") == self.cfg.node and phase not in FINISHED:
-                out[meta["uid"]] = (VMIRef(meta["namespace"], meta["name"], meta["uid"]), phase)
+                ref = VMIRef(meta["namespace"], meta["name"], meta["uid"])
+                out[meta["uid"]] = (ref, phase, item)
         return out
 
     async def _query(self, kind: str) -> Answer:
@@ -426,9 +449,7 @@ class NodeAgent:
         spec, ctx = parse_manifest(command.vmi, domain_type=self.domain_type,
                                    disk_dir=self.cfg.disk_dir)
         xml = convert(spec, ctx)
-        demand = vmi_resources(spec.domain, emulation=self.domain_type != "kvm").extended
-        tracked = self.ledger.available()  # the device-plugin resources, not hugepages
-        self.ledger.acquire(ref.uid, {k: v for k, v in demand.items() if k in tracked})
+        self.ledger.acquire(ref.uid, self._device_demand(spec))
         self.domains[ref.domain] = ref
         await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml)
         await self._persist()

@@ -1,8 +1,10 @@
 """Device-plugin accounting for `devices.kubevirt.io/kvm` and `/tun`, as virt-handler advertises.
 
-Each VMI holds one of each while its domain runs. Holdings are keyed by VMI uid, so a
-repeated launch (a redelivered command, an agent restart) never takes a second device,
-and the ledger can be rebuilt from the domains found running after a restart.
+Each VMI holds what its launch took while its domain runs (a kvm device unless the host
+emulates, a tun device when it has an interface). Holdings are keyed by VMI uid, so a
+repeated launch (a redelivered command, an agent restart) never takes a second device, and
+the ledger can be rebuilt from the domains found running after a restart: one of each at
+first, corrected from each VMI's spec once the read service says what it is.
 """
 
 from __future__ import annotations
@@ -77,6 +79,13 @@ class DeviceLedger:
                     )
             self._held[vmi_uid] = dict(demand)
         self._log.debug("devices acquired", vmi_uid=vmi_uid, demand=dict(demand))
+
+    def correct(self, vmi_uid: str, demand: Mapping[str, int]) -> None:
+        """What a VMI rebuilt as holding `PER_VMI` really took, once known; a VMI that holds
+        nothing (stopped meanwhile) is left alone."""
+        with self._lock:
+            if vmi_uid in self._held:
+                self._held[vmi_uid] = dict(demand)
 
     def release(self, vmi_uid: str) -> None:
         """Give a VMI's devices back; releasing twice is harmless."""

@@ -1,7 +1,7 @@
 """The agent in-process, on real NATS and the shared `test:///default` host: a restart
-neither loses nor duplicates guests (also when the host is kept in a `sim_state` file), a
-launch executed twice makes one domain, discovery is re-reported when the host changes, and
-simulations are refused off the test driver."""
+neither loses nor duplicates guests nor miscounts their devices (also when the host is kept
+in a `sim_state` file), a launch executed twice makes one domain, discovery is re-reported
+when the host changes, and simulations are refused off the test driver."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from nats.aio.client import Client as Nats
 from nats.js.client import JetStreamContext
 
 from controlplane.writer import Writer
+from events.api.resources import KVM_DEVICE, TUN_DEVICE
 from events.messages import Command, DomainObservation, NodeCommand, NodeReport, SimRequest
 from events.streams import ensure_all
 from events.subjects import Layout
@@ -161,7 +162,10 @@ async def test_restart_neither_loses_nor_duplicates_guests(
     try:
         agent = second.agent
         assert owned(agent, cluster.namespace) == [kept.uid], "kept once, the orphan removed"
-        assert kept.uid in agent.ledger.holders()
+        assert agent.ledger.holders() == {kept.uid}
+        # What the launch took, from the VMI's spec: an emulated host has no /dev/kvm to
+        # give, and the default pod interface needs one tun.
+        assert agent.ledger.in_use() == {KVM_DEVICE: 0, TUN_DEVICE: 1}
         assert list(agent.domains.values()) == [kept]
         await next_report(reports, reported_domain("lost", DOMAIN_MISSING_REASON))
         await agent.execute(cluster.launch(kept), kept)
