@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 from nats.aio.msg import Msg
 
@@ -13,6 +13,25 @@ async def pause_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
     """Wait `seconds` between rounds of a periodic loop, returning at once on `stop`."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def unless_stopped(work: Awaitable[object], stop: asyncio.Event) -> bool:
+    """Run `work` to its end, unless `stop` is set first: then `work` is cancelled, so a
+    start-up waiting on something absent never holds up a shutdown. Whether it ended."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        ended = task.done()
+        if not ended:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if ended:
+        task.result()  # its own error, if it failed
+    return ended
 
 
 ACK_WAIT_SECONDS = 6.0

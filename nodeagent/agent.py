@@ -42,7 +42,7 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped
+from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped, unless_stopped
 from events.api.hco_defaults import KUBEVIRT_MIN_CPU_MODEL
 from events.api.resources import vmi_resources
 from events.api.vm import VirtualMachineInstanceSpec
@@ -189,18 +189,21 @@ class NodeAgent:
         self.domain_type = hypervisor_domain_type(self.cfg.libvirt_uri)
         self.nc = await connect(self.cfg.nats_url, f"agent-{self.cfg.node}")
         try:
-            await wait_for_streams(self.nc.jetstream(), self.layout)
+            if not await unless_stopped(wait_for_streams(self.nc.jetstream(), self.layout),
+                                        stop):
+                return
             await self._adopt_domains()
             await self.report_host(force=True)
             sim = await self.nc.subscribe(self.layout.agent_subject(self.cfg.node, "sim"),
                                           cb=self._on_sim)
             heartbeat = asyncio.ensure_future(self._heartbeat(stop))
-            await self.reconcile()
-            self.log.info("agent started", libvirt_uri=self.cfg.libvirt_uri,
-                          domains=len(self.domains))
-            self.started.set()
-            await asyncio.gather(heartbeat, self._consume(stop), self._pump(observations, stop),
-                                 self._rediscover(stop))
+            if await unless_stopped(self.reconcile(), stop):
+                self.log.info("agent started", libvirt_uri=self.cfg.libvirt_uri,
+                              domains=len(self.domains))
+                self.started.set()
+                await asyncio.gather(self._consume(stop), self._pump(observations, stop),
+                                     self._rediscover(stop))
+            await heartbeat
             await sim.unsubscribe()
         finally:
             self.watcher.close()

@@ -12,6 +12,7 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from events.aio import unless_stopped
 from events.codec import Event
 from events.connect import connect
 from events.query import Answer, Query, query_subject
@@ -88,7 +89,8 @@ class ReadService:
         await msg.respond(msgspec.msgpack.encode(answer))
 
     async def run(self, stop: asyncio.Event, listen: tuple[str, int] | None = None) -> None:
-        await wait_for_streams(self.nc.jetstream(), self.layout)
+        if not await unless_stopped(wait_for_streams(self.nc.jetstream(), self.layout), stop):
+            return
         sub = await self.nc.subscribe(query_subject(self.layout), cb=self._on_query)
         server = await http.serve(self.state, render, *listen) if listen else None
         try:

@@ -210,3 +210,24 @@ async def test_simulation_is_refused_on_a_real_hypervisor(action: str) -> None:
     with pytest.raises(SimulationRefused, match="qemu:///system"):
         await agent.simulate(SimRequest(action=action, namespace="default", name="vm"))  # type: ignore[arg-type]
     assert agent.active.is_set()
+
+
+async def test_a_stop_during_start_up_does_not_wait_for_the_read_service(
+        nats_url: str, prefix: str) -> None:
+    """No read service answers, so the start-up reconcile would wait 30 s for it; a stop
+    (SIGTERM) in that time ends the agent at once, as virtbus up and the tests expect."""
+    layout = Layout(prefix)
+    nc = await nats.connect(nats_url)
+    try:
+        await ensure_all(nc.jetstream(), layout, 1)
+        reports = await nc.jetstream().pull_subscribe(layout.reports_filter,
+                                                      stream=layout.reports_stream)
+        agent = NodeAgent(AgentConfig(node=f"node-{prefix}", nats_url=nats_url, prefix=prefix))
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(agent.run(stop))
+        await next_report(reports, lambda r: r.kind == "node")  # reported; now reconciling
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        assert not agent.started.is_set()
+    finally:
+        await nc.close()
