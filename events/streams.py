@@ -4,6 +4,7 @@ them out. Every timing here is a named default."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Final
 
 from nats.js.api import (
@@ -115,7 +116,19 @@ async def ensure_all(js: JetStreamContext, layout: Layout, replicas: int = 1) ->
                        replicas=replicas),
     ]
     for bucket in buckets:
-        await js.create_key_value(bucket)
+        await ensure_bucket(js, bucket)
+
+
+async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> None:
+    """Create the bucket, or bring an existing one to `config`'s replicas and TTL (an
+    installation made with fewer replicas). nats-py cannot update a bucket; a bucket is the
+    stream `KV_<bucket>`, updated as such."""
+    try:
+        await js.create_key_value(config)
+    except BadRequestError:
+        info = await js.stream_info(f"KV_{config.bucket}")
+        await js.update_stream(dataclasses.replace(
+            info.config, num_replicas=config.replicas, max_age=config.ttl))
 
 
 async def wait_for_streams(js: JetStreamContext, layout: Layout, timeout: float = 30.0) -> None:
