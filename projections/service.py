@@ -71,6 +71,7 @@ class ReadService:
         self.layout = layout
         self.state = ClusterState()
         self.advanced = asyncio.Condition()
+        self.answering: set[asyncio.Task[None]] = set()
 
     async def _on_event(self, sequence: int, event: Event) -> None:
         self.state.apply(event, sequence)
@@ -78,6 +79,14 @@ class ReadService:
             self.advanced.notify_all()
 
     async def _on_query(self, msg: Msg) -> None:
+        """Answer each query in a task of its own: nats-py runs a subscription's callbacks
+        one at a time, and a query waiting for the log to reach its `after` must not hold
+        up the others."""
+        task = asyncio.ensure_future(self._answer(msg))
+        self.answering.add(task)
+        task.add_done_callback(self.answering.discard)
+
+    async def _answer(self, msg: Msg) -> None:
         try:
             query = msgspec.msgpack.decode(msg.data, type=Query)
             async with self.advanced:
@@ -99,6 +108,8 @@ class ReadService:
             if server is not None:
                 server.close()
             await sub.unsubscribe()
+            for task in self.answering:
+                task.cancel()
 
 
 def run(nats_url: str, layout: Layout, listen: tuple[str, int] | None = None) -> None:

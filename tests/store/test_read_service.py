@@ -1,0 +1,52 @@
+"""The read service answers queries concurrently: one waiting for the log to reach its
+`after` (up to READ_WAIT_SECONDS) does not hold up a query that can be answered now."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+from nats.errors import NoRespondersError
+
+from controlplane.handling import CommandHandler
+from events.connect import connect
+from events.query import Answer, Query, query_subject
+from events.streams import ensure_all
+from events.subjects import Layout
+from projections.service import READ_WAIT_SECONDS, ReadService
+from tests.store.test_follower import register
+
+
+async def test_a_query_waiting_for_the_log_does_not_hold_up_the_next(
+        handler: CommandHandler, nats_url: str, prefix: str) -> None:
+    await asyncio.to_thread(register, handler, "n1")
+    layout = Layout(prefix)
+    nc = await connect(nats_url, "test-read-service")
+    await ensure_all(nc.jetstream(), layout)
+    stop = asyncio.Event()
+    reads = asyncio.ensure_future(ReadService(nc, layout).run(stop))
+    subject = query_subject(layout)
+
+    async def ask(after: int, timeout: float) -> Answer:
+        reply = await nc.request(subject, msgspec.msgpack.encode(Query(kind="Node", after=after)),
+                                 timeout=timeout)
+        return msgspec.msgpack.decode(reply.data, type=Answer)
+
+    try:
+        async with asyncio.timeout(10):
+            while True:  # until the read service listens
+                try:
+                    await ask(0, 1)
+                    break
+                except NoRespondersError:
+                    await asyncio.sleep(0.05)
+        waiting = asyncio.ensure_future(ask(10**9, READ_WAIT_SECONDS + 5))
+        await nc.flush()
+        answer = await ask(1, READ_WAIT_SECONDS / 2)
+        assert [n["metadata"]["name"] for n in answer.items] == ["n1"]
+        assert not waiting.done()
+        waiting.cancel()
+    finally:
+        stop.set()
+        await reads
+        await nc.close()
