@@ -85,4 +85,7 @@ async def test_guests_outlive_a_full_restart(tmp_path: Path, prefix: str) -> Non
         uid = before["metadata"]["uid"]
         assert (after["metadata"]["uid"], after["status"]["nodeName"]) == \
             (uid, before["status"]["nodeName"])
-        assert len(await hosted(vb, uid)) == 1
+        # The other agent may still be starting: ask until both answer (not yet listening
+        # is an error `eventually` retries), then count.
+        guests = await eventually(lambda: hosted(vb, uid), what="both agents' guests")
+        assert len(guests) == 1
