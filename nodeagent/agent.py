@@ -59,7 +59,7 @@ from events.messages import (
 from events.query import Answer, Query, query_subject
 from events.streams import HEARTBEAT_INTERVAL, wait_for_streams
 from events.subjects import DEFAULT_PREFIX, Layout, encode_token
-from nodeagent import lifecycle
+from nodeagent import downwardmetrics, lifecycle
 from nodeagent.converter import convert
 from nodeagent.converter import defaults as converter_defaults
 from nodeagent.converter.context import domain_name, hypervisor_domain_type
@@ -67,6 +67,7 @@ from nodeagent.converter.identity import VMI_METADATA_TAG
 from nodeagent.defaults import (
     DEVICE_PLUGIN_CAPACITY,
     DOMAIN_MISSING_REASON,
+    DOWNWARD_METRICS_INTERVAL_SECONDS,
     QUERY_TIMEOUT_SECONDS,
     READ_SERVICE_RETRY_SECONDS,
     READ_SERVICE_WAIT_SECONDS,
@@ -136,6 +137,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     """'' means: libvirt's own, or `TEST_HOST_CPU_MODEL` on the test driver."""
     disk_dir: str = converter_defaults.DISK_DIR
     rediscovery_seconds: float = REDISCOVERY_INTERVAL_SECONDS
+    downward_metrics_seconds: float = DOWNWARD_METRICS_INTERVAL_SECONDS
     read_service_wait_seconds: float = READ_SERVICE_WAIT_SECONDS
     sim_state: str = ""
     """A file to keep the test driver's host in (`--sim-state`); '' keeps it in memory."""
@@ -159,6 +161,8 @@ class NodeAgent:
         self.layout = Layout(cfg.prefix)
         self.log = log.bind(node=cfg.node)
         self.domains: dict[str, VMIRef] = {}
+        self.metrics_disks: dict[str, tuple[str, ...]] = {}
+        """Domain name to the downwardMetrics disks the agent refreshes for it."""
         self.active = asyncio.Event()
         self.active.set()
         self.started = asyncio.Event()
@@ -202,7 +206,7 @@ class NodeAgent:
                               domains=len(self.domains))
                 self.started.set()
                 await asyncio.gather(self._consume(stop), self._pump(observations, stop),
-                                     self._rediscover(stop))
+                                     self._rediscover(stop), self._refresh_metrics(stop))
             await heartbeat
             await sim.unsubscribe()
         finally:
@@ -238,7 +242,7 @@ class NodeAgent:
             present = {ref.uid for ref in self.domains.values()}
             for ref, phase, vmi in assigned.values():
                 if ref.uid in present:
-                    self._correct_devices(ref, vmi)
+                    self._adopt_spec(ref, vmi)
                 elif phase == GuestPhase.RUNNING:
                     await self.report_domain(ref, GuestPhase.FAILED, DOMAIN_MISSING_REASON,
                                              gone=True)
@@ -248,17 +252,20 @@ class NodeAgent:
                                      namespace=ref.namespace, uid=ref.uid)
                     await self._remove(ref)
 
-    def _correct_devices(self, ref: VMIRef, vmi: dict[str, Any]) -> None:
+    def _adopt_spec(self, ref: VMIRef, vmi: dict[str, Any]) -> None:
         """A guest adopted at start holds one of each device until its VMI's spec says
-        what its launch took; a spec that no longer parses keeps the safe count."""
+        what its launch took, and has its metrics disks refreshed again; a spec that no
+        longer parses keeps the safe count."""
         try:
-            spec, _ctx = parse_manifest(vmi, domain_type=self.domain_type,
-                                        disk_dir=self.cfg.disk_dir)
+            spec, ctx = parse_manifest(vmi, domain_type=self.domain_type,
+                                       disk_dir=self.cfg.disk_dir)
         except InvalidSpec as e:
             self.log.warning("devices of an adopted guest left as counted", vmi=ref.name,
                              error=str(e))
             return
         self.ledger.correct(ref.uid, self._device_demand(spec))
+        if disks := downwardmetrics.disk_paths(spec, ctx):
+            self.metrics_disks[ref.domain] = disks
 
     def _device_demand(self, spec: VirtualMachineInstanceSpec) -> dict[str, int]:
         """The device-plugin resources a VMI's launch takes (hugepages are not devices)."""
@@ -309,6 +316,7 @@ class NodeAgent:
                                           grace_seconds, self.watcher)
         self.ledger.release(ref.uid)
         self.domains.pop(ref.domain, None)
+        self.metrics_disks.pop(ref.domain, None)
         await self._persist()
         return outcome
 
@@ -377,6 +385,24 @@ class NodeAgent:
                     await self.report_host()
                 except (TimeoutError, NatsError) as e:
                     self.log.warning("host not reported; trying again", error=str(e))
+
+    async def _refresh_metrics(self, stop: asyncio.Event) -> None:
+        """Rewrite each guest's downwardMetrics disks, as virt-handler does; a failure is
+        logged and the next tick tries again. A silenced agent writes nothing."""
+        while not stop.is_set():
+            await pause_unless_stopped(stop, self.cfg.downward_metrics_seconds)
+            if stop.is_set() or not self.active.is_set():
+                continue
+            for domain, disks in list(self.metrics_disks.items()):
+                ref = self.domains.get(domain)
+                if ref is None:
+                    continue  # removed since this tick began
+                try:
+                    await asyncio.to_thread(downwardmetrics.refresh, self.conn, domain, disks,
+                                            self.cfg.node)
+                except (libvirt.libvirtError, downwardmetrics.MetricsDiskError) as e:
+                    self.log.warning("downward metrics not written; trying again", vmi=ref.name,
+                                     namespace=ref.namespace, error=str(e))
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
         assert self.nc is not None
@@ -452,8 +478,13 @@ class NodeAgent:
         spec, ctx = parse_manifest(command.vmi, domain_type=self.domain_type,
                                    disk_dir=self.cfg.disk_dir)
         xml = convert(spec, ctx)
+        metrics_disks = downwardmetrics.disk_paths(spec, ctx)
+        for path in metrics_disks:
+            await asyncio.to_thread(downwardmetrics.create_disk, path)
         self.ledger.acquire(ref.uid, self._device_demand(spec))
         self.domains[ref.domain] = ref
+        if metrics_disks:
+            self.metrics_disks[ref.domain] = metrics_disks
         await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml)
         await self._persist()
         await self.report_domain(ref, GuestPhase.RUNNING, "launched")

@@ -16,6 +16,9 @@ TEST_HOST_CPU_MODEL: Final = "Haswell-noTSX"
 test driver names no CPU of its own); `--host-cpu-model` overrides it."""
 REDISCOVERY_INTERVAL_SECONDS: Final = 60.0
 """How often the agent looks at its host again; it reports only when the fingerprint changed."""
+DOWNWARD_METRICS_INTERVAL_SECONDS: Final = 5.0
+"""How often the agent rewrites each downwardMetrics disk (KubeVirt's
+DownwardmetricsRefreshDuration)."""
 READ_SERVICE_WAIT_SECONDS: Final = 30.0
 """How long a starting agent waits for the read service to say which VMIs are its own."""
 READ_SERVICE_RETRY_SECONDS: Final = 0.5

@@ -24,8 +24,9 @@ The disk's device type decides the `<disk>` element:
 A lun's path is the same name, but must be a block device (or a symlink to one): libvirt
 takes `device='lun'` only with a block or network source, as virt-launcher emits for block
 claims. `lun.reservation` adds `<reservations managed='no'>` on the qemu-pr-helper socket
-(`defaults.PR_HELPER_SOCKET`). KubeVirt writes the downwardMetrics disk itself (vhostmd
-format, at a fixed path in the launcher pod); virtbus only names and attaches it.
+(`defaults.PR_HELPER_SOCKET`). The downwardMetrics disk's content (vhostmd format) is the
+agent's, as it is virt-launcher's and virt-handler's in KubeVirt: `nodeagent.downwardmetrics`
+creates it at launch and rewrites it; here it is only named and attached.
 
 Target names follow the bus as in KubeVirt: `vdX` on virtio, `sdX` on sata/scsi/usb.
 """

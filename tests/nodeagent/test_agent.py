@@ -1,11 +1,13 @@
 """The agent in-process, on real NATS and the shared `test:///default` host: a restart
 neither loses nor duplicates guests nor miscounts their devices (also when the host is kept
 in a `sim_state` file), a launch executed twice makes one domain, discovery is re-reported
-when the host changes, and simulations are refused off the test driver."""
+when the host changes, simulations are refused off the test driver, and a guest's
+downwardMetrics disk is written at launch and refreshed, also after a restart."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 import uuid
@@ -20,7 +22,9 @@ import pytest
 from nats.aio.client import Client as Nats
 from nats.js.client import JetStreamContext
 
+from controlplane.controllers.hco import HCOController
 from controlplane.writer import Writer
+from events.api import hco_defaults
 from events.api.resources import KVM_DEVICE, TUN_DEVICE
 from events.messages import Command, DomainObservation, NodeCommand, NodeReport, SimRequest
 from events.streams import ensure_all
@@ -28,7 +32,9 @@ from events.subjects import Layout
 from nodeagent import lifecycle
 from nodeagent.agent import AgentConfig, NodeAgent, VMIRef
 from nodeagent.defaults import DOMAIN_MISSING_REASON
+from nodeagent.downwardmetrics import DISK_SIZE, Metric, MetricsDiskError, read_disk
 from nodeagent.lifecycle import SimulationRefused
+from projections.cluster import ClusterState
 from projections.service import ReadService
 
 WAIT_SECONDS = 20.0
@@ -51,19 +57,19 @@ class Cluster:
         assert result.outcome.accepted, result.outcome.reason
         return result
 
-    async def placed(self, name: str) -> VMIRef:
+    async def placed(self, name: str, spec: dict[str, Any] = SPEC) -> VMIRef:
         """A VMI scheduled to this node (no dispatcher runs, so nothing launches it)."""
         vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-               "metadata": {"name": name, "namespace": self.namespace}, "spec": SPEC}
+               "metadata": {"name": name, "namespace": self.namespace}, "spec": spec}
         result = await self.run("VirtualMachineInstance", "apply", name, vmi)
         uid = str(result.events[0][1].uid)
         await self.run("VirtualMachineInstance", "schedule", name, {"node": self.node})
         return VMIRef(self.namespace, name, uid)
 
-    def launch(self, ref: VMIRef) -> NodeCommand:
+    def launch(self, ref: VMIRef, spec: dict[str, Any] = SPEC) -> NodeCommand:
         vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
                "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
-               "spec": SPEC}
+               "spec": spec}
         return NodeCommand(event_id=str(uuid.uuid4()), verb="launch", namespace=ref.namespace,
                            name=ref.name, uid=ref.uid, vmi=vmi)
 
@@ -231,3 +237,80 @@ async def test_a_stop_during_start_up_does_not_wait_for_the_read_service(
         assert not agent.started.is_set()
     finally:
         await nc.close()
+
+
+METRICS_SPEC: dict[str, Any] = {
+    "domain": {**SPEC["domain"], "devices": {"disks": [{"name": "metrics", "disk": {}}]}},
+    "volumes": [{"name": "metrics", "downwardMetrics": {}}]}
+
+
+async def enable_downward_metrics(cluster: Cluster) -> None:
+    """The DownwardMetrics gate on in the KubeVirt CR, as the HCO controller derives it from
+    the HyperConverged, so the cluster admits a VMI with a downwardMetrics volume."""
+    hco = {"apiVersion": hco_defaults.API_VERSION, "kind": hco_defaults.KIND,
+           "metadata": {"name": hco_defaults.DEFAULT_NAME,
+                        "namespace": hco_defaults.DEFAULT_NAMESPACE},
+           "spec": {"featureGates": {"downwardMetrics": True}}}
+    apply = Command(id=str(uuid.uuid4()), actor="user:test", kind=hco_defaults.KIND,
+                    verb="apply", namespace=hco_defaults.DEFAULT_NAMESPACE,
+                    name=hco_defaults.DEFAULT_NAME, manifest=hco)
+    state = ClusterState()
+    for sequence, event in (await cluster.writer.execute(apply)).events:
+        state.apply(event, sequence)
+    for command in HCOController().reconcile(state):
+        result = await cluster.writer.execute(command)
+        assert result.outcome.accepted, result.outcome.reason
+
+
+def host_time(metrics: list[Metric]) -> int:
+    [found] = [m.value for m in metrics if m.name == "Time"]
+    return int(found)
+
+
+async def metrics_on(disk: Path, done: Callable[[list[Metric]], bool]) -> list[Metric]:
+    """The disk's metrics once `done` holds, read as a guest reads them: again when the
+    disk is caught busy or mid-write."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        with contextlib.suppress(MetricsDiskError):
+            found = read_disk(str(disk))
+            if done(found):
+                return found
+        await asyncio.sleep(0.02)  # poll interval of a condition wait, not synchronisation
+    raise AssertionError(f"{disk}: no such metrics in {WAIT_SECONDS} s")
+
+
+async def test_a_downward_metrics_disk_is_written_at_launch_and_refreshed(
+        cluster: Cluster, nats_url: str, conn: libvirt.virConnect, tmp_path: Path) -> None:
+    """The launch creates the vhostmd disk where the converter attaches it; the agent then
+    fills it with host and VM metrics and rewrites it (its Time moves on), again after a
+    restart for the adopted guest, until the guest stops."""
+    await enable_downward_metrics(cluster)
+    ref = await cluster.placed("metrics", METRICS_SPEC)
+    options = {"disk_dir": str(tmp_path), "downward_metrics_seconds": 0.05}
+    disk = tmp_path / ref.namespace / ref.name / "metrics.img"
+
+    first = await start(cluster, nats_url, **options)
+    try:
+        await first.agent.execute(cluster.launch(ref, METRICS_SPEC), ref)
+        assert disk.stat().st_size == DISK_SIZE
+        written = await metrics_on(disk, lambda m: any(x.context == "vm" for x in m))
+        values = {(m.context, m.name): m.value for m in written}
+        assert values["host", "HostName"] == cluster.node
+        assert values["vm", "ResourceProcessorLimit"] == "1"
+        assert values["vm", "PhysicalMemoryAllocatedToVirtualSystem"] == str(64 * 1024)
+        await metrics_on(disk, lambda m: host_time(m) > host_time(written))
+    finally:
+        await first.close()
+
+    left = host_time(read_disk(str(disk)))
+    second = await start(cluster, nats_url, **options)
+    try:
+        assert second.agent.metrics_disks == {ref.domain: (str(disk),)}
+        await metrics_on(disk, lambda m: host_time(m) > left)
+        stop = NodeCommand(event_id=str(uuid.uuid4()), verb="stop", namespace=ref.namespace,
+                           name=ref.name, uid=ref.uid)
+        await second.agent.execute(stop, ref)
+        assert second.agent.metrics_disks == {}
+    finally:
+        await second.close()
