@@ -116,19 +116,22 @@ async def _follow_live(nc: Client, layout: Layout, on_event: OnEvent, *, subject
     sub = await _subscribe(nc, subject, position, queue)
     try:
         while not stop.is_set():
-            got = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait({got, stopped}, timeout=STALL_CHECK_SECONDS,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if stopped in done:
-                break
-            if got not in done:
-                got.cancel()
-                if await _missed_some(nc, layout, subject, position):
-                    log.warning("live follow stalled; resubscribing", position=position)
-                    await sub.unsubscribe()
-                    sub = await _subscribe(nc, subject, position, queue)
-                continue
-            msg = got.result()
+            if not queue.empty():
+                msg = queue.get_nowait()  # a burst already delivered needs no waiter
+            else:
+                got = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({got, stopped}, timeout=STALL_CHECK_SECONDS,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if stopped in done:
+                    break
+                if got not in done:
+                    got.cancel()
+                    if await _missed_some(nc, layout, subject, position):
+                        log.warning("live follow stalled; resubscribing", position=position)
+                        await sub.unsubscribe()
+                        sub = await _subscribe(nc, subject, position, queue)
+                    continue
+                msg = got.result()
             seq = msg.metadata.sequence.stream
             if seq >= position:
                 position = seq + 1
