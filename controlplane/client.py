@@ -35,11 +35,9 @@ from events.nodes import NODE_KIND
 from events.query import Answer, Query, query_subject
 from events.subjects import DEFAULT_PREFIX, Layout, aggregate_id, encode_token, split_aggregate_id
 from events.vm import VM_KIND, VMI_KIND
-from projections.cluster import ClusterState, render_vm, render_vmi
+from projections.cluster import ClusterState
 from projections.follower import decode_msg, follow, start_sequence_at
-from projections.hco import render_view as render_hco_view
-from projections.service import node_object, render
-from projections.views import NodeView, View, VirtualMachineInstanceView, VirtualMachineView
+from projections.service import render, render_view
 
 KIND_TOKENS = {"VirtualMachine": VM_KIND, "VirtualMachineInstance": VMI_KIND, "Node": NODE_KIND,
                HCO_API_KIND: HCO_KIND, **OPERAND_TOKENS}
@@ -238,7 +236,7 @@ class Client:
             obj_ns = meta.namespace if meta is not None else ""
             if (name and obj_name != name) or (namespace and obj_ns != namespace):
                 return
-            await queue.put(Change(seq, event, self._render(state, view)))
+            await queue.put(Change(seq, event, render_view(state, view)))
 
         stop = asyncio.Event()
         task = asyncio.ensure_future(follow(self.nc, self.layout, on_event, stop=stop))
@@ -264,20 +262,6 @@ class Client:
             return since
         return await start_sequence_at(self.nc, self.layout, since)
 
-    @staticmethod
-    def _render(state: ClusterState, view: View) -> dict[str, Any] | None:
-        if not view.exists:
-            return None
-        match view:
-            case VirtualMachineView():
-                meta = view.metadata
-                return render_vm(view, state.vmi(meta.namespace, meta.name))
-            case VirtualMachineInstanceView():
-                return render_vmi(view)
-            case NodeView():
-                return node_object(state, view)
-        return render_hco_view(state, view)
-
     async def history(self, kind: str, namespace: str, name: str) -> list[HistoryEntry]:
         """Every event of one object, with who caused it and what changed (a JSON Patch of
         the object before and after)."""
@@ -294,7 +278,7 @@ class Client:
             event = decode_msg(msg)
             view = state.apply(event, sequence(msg))
             assert view is not None
-            after = self._render(state, view) or {}
+            after = render_view(state, view) or {}
             after.get("metadata", {}).pop("resourceVersion", None)
             patch = jsonpatch.make_patch(before, after).patch
             out.append(HistoryEntry(

@@ -13,6 +13,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from events.aio import unless_stopped
+from events.api.resources import ClusterTuning
 from events.codec import Event
 from events.connect import connect
 from events.query import Answer, Query, query_subject
@@ -22,7 +23,8 @@ from projections import http
 from projections.cluster import ClusterState, render_node, render_vm, render_vmi
 from projections.follower import follow
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY, answer, cluster_tuning
-from projections.views import NodeView
+from projections.hco import render_view as render_hco_view
+from projections.views import NodeView, View, VirtualMachineInstanceView, VirtualMachineView
 
 log = structlog.get_logger(__name__)
 
@@ -44,9 +46,10 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
                 if _matches(query, meta.namespace, meta.name):
                     out.append(render_vmi(vmi))
         case "Node":
+            tuning = cluster_tuning(state)
             for node in state.nodes():
                 if not query.name or node.name == query.name:
-                    out.append(node_object(state, node))
+                    out.append(node_object(state, node, tuning))
         case kind if kind in HCO_KINDS:
             out = answer(state, kind, query.name, datetime.now(UTC))
         case kind if kind in (METRICS_QUERY, ALERTS_QUERY):
@@ -54,10 +57,28 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
     return sorted(out, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
 
 
-def node_object(state: ClusterState, node: NodeView) -> dict[str, Any]:
-    """A Node with what its VMIs hold, counted as the scheduler counts it."""
-    usage = state.node_usage(node.name, emulation=node.emulation, tuning=cluster_tuning(state))
+def node_object(state: ClusterState, node: NodeView,
+                tuning: ClusterTuning | None = None) -> dict[str, Any]:
+    """A Node with what its VMIs hold, counted as the scheduler counts it (with the cluster's
+    tuning, which a caller rendering many nodes works out once)."""
+    usage = state.node_usage(node.name, emulation=node.emulation,
+                             tuning=tuning or cluster_tuning(state))
     return render_node(node, usage)
+
+
+def render_view(state: ClusterState, view: View) -> dict[str, Any] | None:
+    """Any one view in its API shape (what `watch` and `history` show); None once deleted."""
+    if not view.exists:
+        return None
+    match view:
+        case VirtualMachineView():
+            meta = view.metadata
+            return render_vm(view, state.vmi(meta.namespace, meta.name))
+        case VirtualMachineInstanceView():
+            return render_vmi(view)
+        case NodeView():
+            return node_object(state, view)
+    return render_hco_view(state, view)
 
 
 def _matches(query: Query, namespace: str, name: str) -> bool:
