@@ -37,6 +37,8 @@ MAX_BATCH: Final = 1000
 """JetStream's limit on messages in one atomic batch."""
 MAX_APPEND_ATTEMPTS: Final = 5
 
+ACK_TIMEOUT: Final = 10.0
+"""How long an append waits for JetStream's ack before it counts as failed."""
 TOPIC_HEADER: Final = "Vb-Topic"
 VERSION_HEADER: Final = "Vb-Version"
 _WRONG_LAST_SEQUENCE: Final = 10071
@@ -195,7 +197,7 @@ class JetStreamDatastore:
                 headers["Nats-Expected-Last-Subject-Sequence"] = str(expected[subject])
         if len(messages) == 1:
             subject, state, headers = messages[0]
-            reply = await nc.request(subject, state, headers=headers, timeout=10)
+            reply = await nc.request(subject, state, headers=headers, timeout=ACK_TIMEOUT)
             return _decode_ack(reply.data)
         batch = uuid.uuid4().hex
         last = len(messages)
@@ -206,7 +208,7 @@ class JetStreamDatastore:
                 await nc.publish(subject, state, headers=headers)
         subject, state, headers = messages[-1]
         headers["Nats-Batch-Commit"] = "1"
-        reply = await nc.request(subject, state, headers=headers, timeout=10)
+        reply = await nc.request(subject, state, headers=headers, timeout=ACK_TIMEOUT)
         return _decode_ack(reply.data)
 
 

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from events.api.resources import DEFAULT_TUNING, ClusterTuning, vmi_resources
+from events.api.vm import API_VERSION
 from events.codec import Event
 from events.nodes import NODE_KIND
 from events.subjects import aggregate_id
@@ -159,7 +160,7 @@ def render_vm(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) ->
     if vm.restart_count:
         status["restartCount"] = vm.restart_count
     return {
-        "apiVersion": "kubevirt.io/v1",
+        "apiVersion": API_VERSION,
         "kind": "VirtualMachine",
         "metadata": object_meta(vm, vm.metadata, vm.uid, vm.generation),
         "spec": msgspec.to_builtins(vm.spec),
@@ -172,7 +173,7 @@ def render_vmi(vmi: VirtualMachineInstanceView) -> dict[str, Any]:
     meta = object_meta(vmi, vmi.metadata, vmi.uid)
     if vmi.owner:
         meta["ownerReferences"] = [{
-            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": vmi.owner,
+            "apiVersion": API_VERSION, "kind": "VirtualMachine", "name": vmi.owner,
             "controller": True, "blockOwnerDeletion": True,
         }]
     if vmi.deletion_requested_at is not None:
@@ -194,7 +195,7 @@ def render_vmi(vmi: VirtualMachineInstanceView) -> dict[str, Any]:
     if vmi.reason:
         status["reason"] = vmi.reason
     return {
-        "apiVersion": "kubevirt.io/v1",
+        "apiVersion": API_VERSION,
         "kind": "VirtualMachineInstance",
         "metadata": meta,
         "spec": msgspec.to_builtins(vmi.spec),
