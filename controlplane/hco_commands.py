@@ -15,6 +15,7 @@ HCO controller's own writes.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -68,11 +69,25 @@ def load_hco(d_: Decision) -> Aggregate[HyperConvergedView]:
     return d_.load(hco_id(), HyperConvergedView)
 
 
-def existing_vms(d_: Decision) -> list[Aggregate[VirtualMachineView]]:
+def existing_vms(d_: Decision) -> Iterator[Aggregate[VirtualMachineView]]:
+    """Every VM that exists, each loaded only when the caller gets to it."""
     recorder = d_.app.recorder
     assert isinstance(recorder, JetStreamApplicationRecorder)
-    vms = [d_.load(agg, VirtualMachineView) for agg in recorder.aggregate_ids(VM_KIND)]
-    return [vm for vm in vms if vm.exists]
+    for agg in recorder.aggregate_ids(VM_KIND):
+        vm = d_.load(agg, VirtualMachineView)
+        if vm.exists:
+            yield vm
+
+
+def status_unchanged(hco: HyperConvergedView, report: StatusReport) -> bool:
+    """Whether recording `report` would change nothing (condition times aside): asked by
+    the controller before it sends one and by the handler on fresh state."""
+    def key(conditions: list[Condition]) -> list[tuple[str, str, str, str]]:
+        return [(c.type, c.status, c.reason, c.message) for c in conditions]
+
+    return (key(hco.conditions) == key(report.conditions)
+            and hco.observed_generation == report.observed_generation
+            and hco.patch_failures == report.patch_failures)
 
 
 def effective_kubevirt_configuration(d_: Decision) -> dict[str, Any]:
@@ -140,7 +155,7 @@ def _record(d_: Decision, hco: HyperConverged) -> None:
 def apply(d_: Decision) -> None:
     hco = _decode_hco(d_.command.manifest)
     old = load_hco(d_).state
-    validate_hco(hco, vms_exist=bool(existing_vms(d_)),
+    validate_hco(hco, vms_exist=next(existing_vms(d_), None) is not None,
                  previous=old.spec if old.exists else None)
     _record(d_, hco)
 
@@ -159,7 +174,7 @@ def delete(d_: Decision) -> None:
     if not agg.exists:
         raise Rejected(f'hyperconverged "{d_.command.name}" not found', "metadata.name")
     hco = HyperConverged(metadata=agg.state.metadata, spec=agg.state.spec)
-    vms = existing_vms(d_)
+    vms = list(existing_vms(d_))
     removed: list[str] = []
     match check_uninstall(hco, vms_exist=bool(vms)):
         case "remove-workloads":
@@ -183,13 +198,7 @@ def status(d_: Decision) -> None:
         return
     report = msgspec.convert(d_.command.manifest or {}, StatusReport)
     old = agg.state
-
-    def key(conditions: list[Condition]) -> list[tuple[str, str, str, str]]:
-        return [(c.type, c.status, c.reason, c.message) for c in conditions]
-
-    if (key(old.conditions) == key(report.conditions)
-            and old.observed_generation == report.observed_generation
-            and old.patch_failures == report.patch_failures):
+    if status_unchanged(old, report):
         return
     merged = merge_conditions(old.conditions, report.conditions, now=iso(now()))
     d_.trigger(agg, HyperConvergedStatusChanged, conditions=merged,

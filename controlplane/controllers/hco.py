@@ -8,7 +8,7 @@ depends on it):
 | no HyperConverged ever                           | HyperConverged create-default       |
 | operand missing, or drifted from what HCO derives| operand reconcile (write / revert)  |
 | operand whose jsonpatch does not apply           | left as it is; failure on conditions|
-| every operand in line                            | HyperConverged status (conditions)  |
+| every operand in line, conditions changed        | HyperConverged status (conditions)  |
 
 Whether a write is a revert is decided by the writer on fresh state (was the newest write
 out of band?), so the revert is recorded with this controller as its actor.
@@ -25,7 +25,7 @@ from controlplane.hco import jsonpatch
 from controlplane.hco.conditions import compute_conditions
 from controlplane.hco.desired import desired_operands, pending_write
 from controlplane.hco.operands import OPERANDS, ClusterInfo
-from controlplane.hco_commands import StatusReport
+from controlplane.hco_commands import StatusReport, status_unchanged
 from events.api import hco_defaults as d
 from events.api.hco import Condition, HyperConverged
 from events.codec import Event
@@ -87,6 +87,8 @@ class HCOController:
             observed_generation=view.generation,
             patch_failures=[JsonPatchFailure(annotation=f.annotation, reason=f.reason)
                             for f in desired.failures])
+        if status_unchanged(view, report):
+            return []
         return [derived_command(NAME, d.KIND, "status", "", d.DEFAULT_NAME, view.version,
                                 *versions, manifest=msgspec.to_builtins(report),
                                 correlation_id=correlation_id)]

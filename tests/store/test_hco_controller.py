@@ -1,0 +1,29 @@
+"""The HCO controller on the real store: once every operand is written and the status
+recorded, it has nothing to send, not even a status command the handler would drop."""
+
+from __future__ import annotations
+
+from controlplane.controllers.hco import HCOController
+from controlplane.handling import CommandHandler
+from projections.cluster import ClusterState
+from projections.hco import hyperconverged
+
+
+def test_a_settled_hyperconverged_sends_nothing(handler: CommandHandler) -> None:
+    state = ClusterState()
+    controller = HCOController()
+    sent: list[str] = []
+    for _round in range(4):  # create-default, the operands, the status, then nothing
+        commands = controller.reconcile(state)
+        if not commands:
+            break
+        for command in commands:
+            sent.append(command.verb)
+            result = handler.execute(command)
+            assert result.outcome.accepted and result.events, result.outcome
+            for sequence, event in result.events:
+                state.apply(event, sequence)
+    assert sent == ["create-default", *["reconcile"] * 4, "status"]
+    view = hyperconverged(state)
+    assert view is not None and view.conditions
+    assert controller.reconcile(state) == []
