@@ -17,6 +17,7 @@ from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.persistence import IntegrityError, Mapper
 
 from controlplane.aggregate import Aggregate, Cause, projector
+from events.api.manifest import decode_object
 from events.codec import Event, EventMapper
 from events.errors import InvalidSpec, VirtbusError
 from events.jetstream import JetStreamApplicationRecorder
@@ -27,6 +28,7 @@ from projections.views import View
 log = structlog.get_logger(__name__)
 
 V = TypeVar("V", bound=View)
+Obj = TypeVar("Obj")
 MAX_ATTEMPTS = 5
 
 
@@ -94,6 +96,14 @@ class Decision:
             cmd = self.command
             raise Rejected(f'{noun} "{cmd.namespace}/{cmd.name}" not found', "metadata.name")
         return found
+
+    def submitted(self, cls: type[Obj]) -> Obj:
+        """The object an `apply` carries, decoded and admitted by its schema."""
+        if self.command.manifest is None:
+            raise InvalidSpec("manifest", "apply needs the object")
+        obj = decode_object(self.command.manifest)
+        assert isinstance(obj, cls)
+        return obj
 
     def trigger(self, aggregate: Aggregate[Any], event_cls: type[Event], **fields: Any) -> None:
         aggregate.trigger(self.cause, event_cls, **fields)

@@ -32,7 +32,6 @@ from events.api import hco_defaults as d
 from events.api.base import ObjectMeta
 from events.api.domain import CPU
 from events.api.hco import Condition, HyperConverged, OperandObject
-from events.api.manifest import decode_object
 from events.api.vm import VirtualMachineInstanceSpec
 from events.codec import now
 from events.errors import InvalidSpec
@@ -120,12 +119,9 @@ def with_cpu_model(spec: VirtualMachineInstanceSpec, model: str) -> VirtualMachi
     return msgspec.structs.replace(spec, domain=domain)
 
 
-def _decode_hco(manifest: dict[str, Any] | None) -> HyperConverged:
+def _decode_hco(d_: Decision) -> HyperConverged:
     """The submitted HyperConverged; it lives in HCO's namespace whatever the client said."""
-    if manifest is None:
-        raise InvalidSpec("manifest", "apply needs the object")
-    hco = decode_object(manifest)
-    assert isinstance(hco, HyperConverged)
+    hco = d_.submitted(HyperConverged)
     if hco.metadata.name != d.DEFAULT_NAME:
         raise InvalidSpec("metadata.name", f"must be {d.DEFAULT_NAME}: there is one "
                                            "HyperConverged per cluster")
@@ -153,7 +149,7 @@ def _record(d_: Decision, hco: HyperConverged) -> None:
 
 @handles(KIND, "apply")
 def apply(d_: Decision) -> None:
-    hco = _decode_hco(d_.command.manifest)
+    hco = _decode_hco(d_)
     old = load_hco(d_).state
     validate_hco(hco, vms_exist=next(existing_vms(d_), None) is not None,
                  previous=old.spec if old.exists else None)
@@ -209,10 +205,7 @@ def status(d_: Decision) -> None:
 
 def _operand_apply(d_: Decision) -> None:
     """Anyone's write of an operand CR: recorded as out of band, for the controller to revert."""
-    if d_.command.manifest is None:
-        raise InvalidSpec("manifest", "apply needs the object")
-    obj = decode_object(d_.command.manifest)
-    assert isinstance(obj, OperandObject)
+    obj = d_.submitted(OperandObject)
     agg = d_.load(operand_id(obj.kind, obj.metadata.name), OperandView)
     if not agg.exists:
         raise Rejected(f'{obj.kind.lower()} "{obj.metadata.name}" not found: the '

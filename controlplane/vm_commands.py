@@ -16,9 +16,7 @@ import uuid
 from controlplane.aggregate import Aggregate
 from controlplane.feature_gates import VM_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
-from events.api.manifest import decode_object
 from events.api.vm import VirtualMachine
-from events.errors import InvalidSpec
 from events.subjects import aggregate_id
 from events.vm import (
     VM_KIND,
@@ -46,10 +44,7 @@ def vmi_running(d: Decision) -> bool:
 
 @handles(KIND, "apply")
 def apply(d: Decision) -> None:
-    if d.command.manifest is None:
-        raise InvalidSpec("manifest", "apply needs the object")
-    new = decode_object(d.command.manifest)
-    assert isinstance(new, VirtualMachine)
+    new = d.submitted(VirtualMachine)
     admit_by_feature_gates(d, new.spec.template.spec, VM_SPEC_PATH)
     meta = new.metadata
     vm = d.load(aggregate_id(VM_KIND, meta.namespace, meta.name), VirtualMachineView)

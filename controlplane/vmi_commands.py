@@ -16,7 +16,6 @@ from controlplane.hco_commands import with_cluster_cpu_model, with_cpu_model
 from controlplane.vm_commands import KIND as VM_KIND_NAME
 from controlplane.vm_commands import load_vm
 from events.api.base import ObjectMeta
-from events.api.manifest import decode_object
 from events.api.vm import VirtualMachineInstance
 from events.errors import InvalidSpec
 from events.messages import DomainObservation
@@ -51,10 +50,7 @@ def existing_vmi(d: Decision) -> Aggregate[VirtualMachineInstanceView]:
 
 @handles(KIND, "apply")
 def apply(d: Decision) -> None:
-    if d.command.manifest is None:
-        raise InvalidSpec("manifest", "apply needs the object")
-    new = decode_object(d.command.manifest)
-    assert isinstance(new, VirtualMachineInstance)
+    new = d.submitted(VirtualMachineInstance)
     admit_by_feature_gates(d, new.spec, VMI_SPEC_PATH)
     vmi = d.load(aggregate_id(VMI_KIND, new.metadata.namespace, new.metadata.name),
                  VirtualMachineInstanceView)
