@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,11 @@ import msgspec
 import yaml
 from nats.errors import NoRespondersError, NoServersError
 
-from controlplane.client import Client, CommandRejected
+from controlplane.client import CLUSTER_SCOPED, Client, CommandRejected
 from controlplane.context import resolve
 from controlplane.up import TEST_DRIVER_URI, UpOptions, up
 from events.api.manifest import parse_documents
+from events.connect import NATS_URL_ENV, PREFIX_ENV
 from events.errors import InvalidSpec, NotFound
 from events.logs import configure
 from events.messages import SimReply, SimRequest
@@ -120,9 +122,14 @@ async def cmd_apply(args: argparse.Namespace, vb: Client) -> int:
     return 0
 
 
+def scope(kind: str, namespace: str) -> str:
+    """The namespace a command looks in: none for a cluster-wide kind (nodes, HCO's)."""
+    return "" if kind in CLUSTER_SCOPED else namespace
+
+
 async def cmd_get(args: argparse.Namespace, vb: Client) -> int:
     kind = resolve_kind(args.kind)
-    namespace = "" if args.all_namespaces or kind == "Node" else args.namespace
+    namespace = "" if args.all_namespaces else scope(kind, args.namespace)
     if args.at is not None:
         items = await vb.query_at(args.at, kind, namespace, args.name or "")
     else:
@@ -160,7 +167,7 @@ async def cmd_delete(args: argparse.Namespace, vb: Client) -> int:
 
 async def cmd_watch(args: argparse.Namespace, vb: Client) -> int:
     kind = resolve_kind(args.kind)
-    namespace = "" if kind == "Node" else args.namespace
+    namespace = scope(kind, args.namespace)
     async for change in vb.watch(kind, namespace, args.name or "", since=args.since):
         obj = change.object or {}
         if args.output == "json":
@@ -268,11 +275,19 @@ async def cmd_sim(args: argparse.Namespace, vb: Client) -> int:
 # -- parser -------------------------------------------------------------------------------
 
 
+def _connection_options(p: argparse.ArgumentParser, defaults: Mapping[str, object]) -> None:
+    """`--nats-url`, `--prefix`, `--as`: before the command or after it, as with kubectl."""
+    p.add_argument("--nats-url", default=defaults["nats_url"],
+                   help="NATS server(s); default: $VIRTBUS_NATS_URL or context")
+    p.add_argument("--prefix", default=defaults["prefix"],
+                   help="installation prefix; default: $VIRTBUS_PREFIX or virtbus")
+    p.add_argument("--as", dest="actor", default=defaults["actor"],
+                   help="actor recorded on the events")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="virtbus", description=__doc__.splitlines()[0])
-    p.add_argument("--nats-url", help="NATS server(s); default: $VIRTBUS_NATS_URL or context")
-    p.add_argument("--prefix", help="installation prefix; default: virtbus")
-    p.add_argument("--as", dest="actor", default="", help="actor recorded on the events")
+    _connection_options(p, {"nats_url": None, "prefix": None, "actor": ""})
     sub = p.add_subparsers(dest="command", required=True)
 
     u = sub.add_parser("up", help="run everything on this machine")
@@ -302,6 +317,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("target", help="the VMI (guest-*) or the node (agent-*)")
     _namespace(s)
     s.set_defaults(run=cmd_sim)
+    unset = dict.fromkeys(("nats_url", "prefix", "actor"), argparse.SUPPRESS)
+    for command in sub.choices.values():
+        _connection_options(command, unset)  # given after the command, they win
     return p
 
 
@@ -397,8 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     configure(level="warning" if args.command not in ("up",) else None)
     if args.command == "up":
         opts = UpOptions(data_dir=args.data_dir.resolve(), nodes=args.nodes,
-                         nats_port=args.nats_port, nats_url=args.nats_url or "",
-                         prefix=args.prefix or DEFAULT_PREFIX, libvirt_uri=args.libvirt_uri,
+                         nats_port=args.nats_port,
+                         nats_url=args.nats_url or os.environ.get(NATS_URL_ENV, ""),
+                         prefix=args.prefix or os.environ.get(PREFIX_ENV) or DEFAULT_PREFIX,
+                         libvirt_uri=args.libvirt_uri,
                          replicas=args.replicas, http_port=args.http_port,
                          **({"node_grace_seconds": args.node_grace} if args.node_grace else {}))
         return up(opts)

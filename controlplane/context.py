@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from events.connect import DEFAULT_URL
+from events.connect import DEFAULT_URL, NATS_URL_ENV, PREFIX_ENV
 from events.subjects import DEFAULT_PREFIX
 
 
@@ -39,7 +39,7 @@ def resolve(nats_url: str | None = None, prefix: str | None = None) -> Context:
     if path.exists():
         saved = msgspec.json.decode(path.read_bytes(), type=Context)
     return Context(
-        nats_url=nats_url or os.environ.get("VIRTBUS_NATS_URL") or saved.nats_url,
-        prefix=prefix or os.environ.get("VIRTBUS_PREFIX") or saved.prefix,
+        nats_url=nats_url or os.environ.get(NATS_URL_ENV) or saved.nats_url,
+        prefix=prefix or os.environ.get(PREFIX_ENV) or saved.prefix,
         data_dir=saved.data_dir,
     )

@@ -13,6 +13,8 @@ from nats.aio.client import Client
 from events.subjects import DEFAULT_PREFIX
 
 DEFAULT_URL: Final = "nats://127.0.0.1:4222"
+NATS_URL_ENV: Final = "VIRTBUS_NATS_URL"
+PREFIX_ENV: Final = "VIRTBUS_PREFIX"
 
 
 def servers(url: str) -> list[str]:
@@ -44,8 +46,8 @@ async def connect(url: str, name: str, **options: Any) -> Client:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`--nats-url` and `--prefix`, defaulting to `VIRTBUS_NATS_URL` / `VIRTBUS_PREFIX`."""
-    parser.add_argument("--nats-url", default=os.environ.get("VIRTBUS_NATS_URL", DEFAULT_URL),
+    parser.add_argument("--nats-url", default=os.environ.get(NATS_URL_ENV, DEFAULT_URL),
                         help="NATS server(s), comma-separated (env VIRTBUS_NATS_URL)")
-    parser.add_argument("--prefix", default=os.environ.get("VIRTBUS_PREFIX", DEFAULT_PREFIX),
+    parser.add_argument("--prefix", default=os.environ.get(PREFIX_ENV, DEFAULT_PREFIX),
                         help="installation prefix of every subject and stream "
                              "(env VIRTBUS_PREFIX)")
