@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.cli import parser, resolve_kind, scope
+from controlplane.cli import parser, scope
+from projections.query import resolve_kind
 
 
 @pytest.mark.parametrize("argv", [
