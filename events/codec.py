@@ -138,12 +138,6 @@ def decode(topic: str, state: bytes) -> Event:
     return msgspec.convert(data, cls)
 
 
-def to_builtins(event: Event) -> dict[str, Any]:
-    """The event as JSON-able builtins, with its type name and id, for people and `-o json`."""
-    body: dict[str, Any] = msgspec.to_builtins(event)
-    return {"type": event.TYPE, "schema": event.SCHEMA, "id": str(event.id), **body}
-
-
 class EventMapper(Mapper[str]):
     """Maps msgspec events to the library's StoredEvent; used by every virtbus Application."""
 
