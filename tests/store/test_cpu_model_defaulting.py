@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from controlplane.handling import CommandHandler
 from projections.cluster import ClusterState
-from tests.store.test_feature_gates import apply, apply_hco, run, vmi
+from tests.store.helpers import run
+from tests.store.test_feature_gates import apply, apply_hco, vmi
 
 SPEC = {"domain": {"resources": {"requests": {"memory": "64Mi"}}}}
 

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from controlplane.controllers.hco import HCOController
 from controlplane.controllers.vm import VMController
 from controlplane.feature_gates import check_feature_gates
-from controlplane.handling import CommandHandler, Result
+from controlplane.handling import CommandHandler
 from events.api import hco_defaults as d
 from events.api.vm import VirtualMachineInstanceSpec
 from events.codec import Event, decode
@@ -24,6 +24,7 @@ from events.jetstream import JetStreamApplicationRecorder
 from events.messages import Command
 from projections.cluster import ClusterState
 from projections.hco import OperandView, effective_kubevirt
+from tests.store.helpers import run
 
 
 class Case(NamedTuple):
@@ -82,14 +83,6 @@ def apply(manifest: dict[str, Any]) -> Command:
     meta = manifest["metadata"]
     return Command(id=str(uuid.uuid4()), actor="user:erin", kind=manifest["kind"], verb="apply",
                    namespace=meta.get("namespace", ""), name=meta["name"], manifest=manifest)
-
-
-def run(handler: CommandHandler, state: ClusterState, command: Command) -> Result:
-    """Execute and fold the events into `state`, as the control loop does."""
-    result = handler.execute(command)
-    for sequence, event in result.events:
-        state.apply(event, sequence)
-    return result
 
 
 def apply_hco(handler: CommandHandler, state: ClusterState,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,22 +10,9 @@ import pytest
 from controlplane.handling import CommandHandler
 from events.codec import Event
 from events.connect import connect
-from events.messages import Command
 from events.subjects import Layout
 from projections import follower
-
-
-def register(handler: CommandHandler, name: str) -> list[int]:
-    """Register node `name`; the sequences of its events."""
-    manifest = {"nodeName": name, "hostname": name, "architecture": "x86_64",
-                "hypervisorUri": "test:///default", "domainType": "qemu",
-                "libvirtVersion": "10.0.0", "capacity": {"cpu": "8", "memory": "16Gi"},
-                "allocatable": {"cpu": "8", "memory": "16Gi"}}
-    result = handler.execute(Command(id=str(uuid.uuid4()), actor="system:node:" + name,
-                                     kind="Node", verb="register", name=name,
-                                     manifest=manifest))
-    assert result.outcome.accepted, result.outcome.reason
-    return [sequence for sequence, _ in result.events]
+from tests.store.helpers import register
 
 
 async def test_events_appended_during_replay_are_delivered_once(

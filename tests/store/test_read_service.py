@@ -14,7 +14,7 @@ from events.query import Answer, Query, query_subject
 from events.streams import ensure_all
 from events.subjects import Layout
 from projections.service import READ_WAIT_SECONDS, ReadService
-from tests.store.test_follower import register
+from tests.store.helpers import register
 
 
 async def test_a_query_waiting_for_the_log_does_not_hold_up_the_next(
