@@ -60,10 +60,10 @@ def pytest_runtest_makereport(
     tmp = getattr(item, "funcargs", {}).get("tmp_path")
     if report.when != "call" or not report.failed or not isinstance(tmp, Path):
         return report
-    for log in sorted(tmp.glob("*.log")):
+    for log in sorted(tmp.rglob("*.log")):
         text = log.read_text(errors="replace").splitlines()
         notable = [line for line in text[:-LOG_TAIL_LINES] if _notable(line)]
         lines = notable[-LOG_TAIL_LINES:] + text[-LOG_TAIL_LINES:]
-        report.sections.append((f"log tail: {log.name}",
+        report.sections.append((f"log tail: {log.relative_to(tmp)}",
                                 "\n".join(line[:LOG_LINE_CHARS] for line in lines)))
     return report
