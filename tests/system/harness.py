@@ -94,10 +94,6 @@ class System:
                 proc.kill()
                 proc.wait()
 
-    def log_tail(self, name: str, lines: int = 30) -> str:
-        text = (self.logs / f"{name}.log").read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
-
 
 async def last_sequence(vb: Client) -> int:
     """The events stream's head: a test compares it before and after to see nothing appended."""
