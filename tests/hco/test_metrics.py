@@ -70,7 +70,6 @@ def samples(metrics: HcoMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]]
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if not s.name.endswith("_created")
     }
 
 
