@@ -79,17 +79,28 @@ async def test_concurrent_writers_each_get_an_outcome_and_nothing_is_lost(
         for c in others:
             await c.close()
     assert all(r.accepted for r in results)
-    changed = [r for r in results if r.sequences]
+    # Definite: the outcome each writer got is the one kept for its command.
+    assert len({r.command_id for r in results}) == len(results)
+    for r in results:
+        assert await vb.outcome(r.command_id) == r
+    # A write that changed nothing (no sequences) found the VM already at its memory: with
+    # every write's memory different, only the manifest's own 64Mi, before any other change.
+    assert all(m == "64Mi" for m, r in zip(memories, results, strict=True) if not r.sequences)
+    changed = [(m, r) for m, r in zip(memories, results, strict=True) if r.sequences]
     history = await vb.history("VirtualMachine", "default", "shared")
     updates = [h for h in history if h.type == "VirtualMachineUpdated"]
     # Every accepted change is in the log once, in some order; none overwrote another unseen.
     assert len(updates) == len(changed)
-    assert sorted(u.sequence for u in updates) == sorted(r.sequences[0] for r in changed)
-    vm = await vb.get("VirtualMachine", "default", "shared", after=max(u.sequence
-                                                                       for u in updates))
+    assert sorted(u.sequence for u in updates) == sorted(r.sequences[0] for _, r in changed)
+    last = max(u.sequence for u in updates)
+    vm = await vb.get("VirtualMachine", "default", "shared", after=last)
     assert vm["metadata"]["generation"] == 1 + len(updates)
-    last_memory = history[-1].changes
-    assert any(c["path"].endswith("/memory") for c in last_memory)
+    assert history[-1].sequence == last
+    assert any(c["path"].endswith("/memory") for c in history[-1].changes)
+    # The VM holds what the last applied write (the highest sequence) asked for.
+    last_write = max(changed, key=lambda mr: max(mr[1].sequences))[0]
+    assert vm["spec"]["template"]["spec"]["domain"]["resources"]["requests"]["memory"] \
+        == last_write
 
 
 async def _apply_one(client: Client, manifest: dict[str, Any]) -> Outcome:
