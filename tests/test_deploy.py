@@ -262,7 +262,7 @@ async def test_no_role_reads_another_roles_replies(secured_nats: str) -> None:
 
 async def test_node_agent_asks_the_read_api_which_vmis_are_its_own(secured_nats: str) -> None:
     """At start an agent reads the events stream's last sequence and queries at least up to
-    it; it still reads no events."""
+    it; it still reads no events (a Direct Get on the events stream is refused)."""
     layout = Layout()
     cp, _ = await _connect(secured_nats, "controlplane")
     await ensure_all(cp.jetstream(), layout)
@@ -272,8 +272,11 @@ async def test_node_agent_asks_the_read_api_which_vmis_are_its_own(secured_nats:
         await request.respond(b"answer")
 
     await proj.subscribe(query_subject(layout), queue="projections", cb=answer)
-    n1, _ = await _connect(secured_nats, "node-n1")
+    n1, n1_refusals = await _connect(secured_nats, "node-n1")
     reply = await n1.request(query_subject(layout), b"", timeout=5)
     assert reply.data == b"answer"
     await n1.jetstream(timeout=2).stream_info(layout.events_stream)
+    subject = f"$JS.API.DIRECT.GET.{layout.events_stream}"
+    await _refused(n1_refusals, subject, partial(n1.jetstream(timeout=1.0).get_msg,
+                                                 layout.events_stream, seq=1, direct=True))
     await asyncio.gather(cp.close(), proj.close(), n1.close())
