@@ -101,10 +101,27 @@ async def last_sequence(vb: Client) -> int:
     return int(info.state.last_seq)
 
 
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """`obj`'s status condition of type `kind`, if it reports one."""
+    return next((c for c in obj["status"]["conditions"] if c["type"] == kind), None)
+
+
+def is_ready(node: dict[str, Any]) -> bool:
+    """The Node's Ready condition (every node reports one) is True."""
+    ready = condition(node, "Ready")
+    assert ready is not None, node
+    return bool(ready["status"] == "True")
+
+
 async def ready_nodes(vb: Client, count: int) -> list[dict[str, Any]] | None:
-    nodes = await vb.query("Node")
-    ready = [n for n in nodes if n["status"]["conditions"][0]["status"] == "True"]
+    ready = [n for n in await vb.query("Node") if is_ready(n)]
     return ready if len(ready) >= count else None
+
+
+async def node_ready(vb: Client, node: str, ready: bool) -> bool:
+    """Whether Node `node` is Ready is `ready`."""
+    [obj] = await vb.query("Node", "", node)
+    return is_ready(obj) == ready
 
 
 async def vmi_phase(vb: Client, name: str, phase: str,

@@ -17,10 +17,12 @@ from controlplane.client import Client
 from tests.system.harness import (
     WAIT_SECONDS,
     System,
+    condition,
     domains,
     eventually,
     hosted,
     no_domains,
+    node_ready,
     replaced,
     vm_manifest,
     vm_status,
@@ -55,19 +57,10 @@ def vmi_manifest(name: str) -> dict[str, Any]:
             "metadata": {"name": name, "namespace": "default"}, "spec": spec}
 
 
-def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    return next((c for c in obj["status"]["conditions"] if c["type"] == kind), None)
-
-
 async def reasons(vb: Client, name: str) -> list[str]:
     """Every `status.reason` the VMI named `name` has had, across its instances."""
     return [c["value"] for e in await vb.history("VirtualMachineInstance", "default", name)
             for c in e.changes if c["path"] == "/status/reason" and c["op"] != "remove"]
-
-
-async def node_ready(vb: Client, node: str, ready: bool) -> bool:
-    [obj] = await vb.query("Node", "", node)
-    return bool(obj["status"]["conditions"][0]["status"] == "True") == ready
 
 
 def running(vb: Client, name: str) -> Callable[[], Awaitable[dict[str, Any] | None]]:

@@ -11,7 +11,14 @@ from controlplane.client import Client, CommandRejected
 from events.api import hco_defaults as d
 from projections.hco import ALERTS_QUERY, METRICS_QUERY, metrics
 from projections.hco_metrics import OUT_OF_BAND_MODIFICATIONS, UNSAFE_MODIFICATIONS
-from tests.system.harness import System, eventually, last_sequence, ready_nodes, vm_manifest
+from tests.system.harness import (
+    System,
+    condition,
+    eventually,
+    last_sequence,
+    ready_nodes,
+    vm_manifest,
+)
 
 KUBEVIRT_CR = f"kubevirt-{d.DEFAULT_NAME}"
 HCO = "HyperConverged"
@@ -158,9 +165,8 @@ async def jsonpatch_annotations(vb: Client) -> None:
                    {"metadata": {"annotations": {d.KUBEVIRT_JSONPATCH_ANNOTATION: patch}}})
     hco = await eventually(lambda: reconciled(vb, TaintedConfiguration="True"),
                            what="TaintedConfiguration")
-    tainted = next(c for c in hco["status"]["conditions"]
-                   if c["type"] == "TaintedConfiguration")
-    assert tainted["reason"] == "UnsupportedFeatureAnnotation"
+    tainted = condition(hco, "TaintedConfiguration")
+    assert tainted is not None and tainted["reason"] == "UnsupportedFeatureAnnotation"
     assert (await kubevirt(vb))["spec"]["configuration"]["migrations"]["allowPostCopy"] is True
     head = await last_sequence(vb)
     [exposition] = await vb.query(METRICS_QUERY, after=head)
@@ -178,8 +184,8 @@ async def jsonpatch_annotations(vb: Client) -> None:
                     "spec": {"scratchSpaceStorageClass": "fast"}})
     hco = await eventually(lambda: reconciled(vb, ReconcileComplete="False"),
                            what="the failed patch on the conditions")
-    failed = next(c for c in hco["status"]["conditions"] if c["type"] == "ReconcileComplete")
-    assert d.CDI_JSONPATCH_ANNOTATION in failed["message"]
+    failed = condition(hco, "ReconcileComplete")
+    assert failed is not None and d.CDI_JSONPATCH_ANNOTATION in failed["message"]
     assert [f["annotation"] for f in hco["status"]["jsonPatchFailures"]] == [
         d.CDI_JSONPATCH_ANNOTATION]
     cdi_after = await vb.get("CDI", "", f"cdi-{d.DEFAULT_NAME}")
