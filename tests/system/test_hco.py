@@ -16,7 +16,6 @@ from tests.system.harness import (
     condition,
     eventually,
     last_sequence,
-    ready_nodes,
     vm_manifest,
 )
 
@@ -110,7 +109,6 @@ async def test_out_of_band_change_is_reverted_counted_alerted_and_survives_resta
 async def test_cluster_configuration_sections(vb: Client) -> None:
     """One system, the seed's sections in turn."""
     await eventually(lambda: reconciled(vb), what="the default HyperConverged reconciled")
-    assert await ready_nodes(vb, 2)
     await spec_reaches_kubevirt(vb)
     await validation_refuses_and_appends_nothing(vb)
     await jsonpatch_annotations(vb)
