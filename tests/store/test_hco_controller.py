@@ -7,6 +7,7 @@ from controlplane.controllers.hco import HCOController
 from controlplane.handling import CommandHandler
 from projections.cluster import ClusterState
 from projections.hco import hyperconverged
+from tests.store.helpers import run_accepted
 
 
 def test_a_settled_hyperconverged_sends_nothing(handler: CommandHandler) -> None:
@@ -19,10 +20,7 @@ def test_a_settled_hyperconverged_sends_nothing(handler: CommandHandler) -> None
             break
         for command in commands:
             sent.append(command.verb)
-            result = handler.execute(command)
-            assert result.outcome.accepted and result.events, result.outcome
-            for sequence, event in result.events:
-                state.apply(event, sequence)
+            assert run_accepted(handler, state, command).events, command  # never a no-op
     assert sent == ["create-default", *["reconcile"] * 4, "status"]
     view = hyperconverged(state)
     assert view is not None and view.conditions
