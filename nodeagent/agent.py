@@ -88,16 +88,6 @@ SERVING: contextvars.ContextVar[str] = contextvars.ContextVar("serving", default
 """The correlation id of the node work being done; reports made for it carry it along."""
 
 
-async def _first_of(*events: asyncio.Event) -> None:
-    """Return as soon as any of `events` is set."""
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-
-
 @contextlib.contextmanager
 def _serving(correlation_id: str) -> Iterator[None]:
     token = SERVING.set(correlation_id)
@@ -425,7 +415,7 @@ class NodeAgent:
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_SECONDS))
         while not stop.is_set():
             if not self.active.is_set():
-                await _first_of(self.active, stop)  # a silenced agent does nothing
+                await unless_stopped(self.active.wait(), stop)  # a silenced agent does nothing
                 continue
             try:
                 msgs = await sub.fetch(FETCH_BATCH, timeout=1.0)
