@@ -7,11 +7,15 @@ read model has folded that event in, so a reader sees at least what it knows was
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import msgspec
+from nats.aio.client import Client
 
 from events.subjects import Layout
+
+QUERY_TIMEOUT_SECONDS: Final = 15.0
+"""How long a reader waits for the read service to answer one query."""
 
 
 class Query(msgspec.Struct, frozen=True, kw_only=True):
@@ -30,3 +34,12 @@ class Answer(msgspec.Struct, frozen=True, kw_only=True):
 def query_subject(layout: Layout) -> str:
     """Where the read service answers `Query`s."""
     return f"{layout.query_root}.get"
+
+
+async def ask(nc: Client, layout: Layout, query: Query,
+              timeout: float = QUERY_TIMEOUT_SECONDS) -> Answer:
+    """Send `query` to the read service and decode its answer (an `error` in it is left to
+    the caller; a missing service raises as `nc.request` does)."""
+    reply = await nc.request(query_subject(layout), msgspec.msgpack.encode(query),
+                             timeout=timeout)
+    return msgspec.msgpack.decode(reply.data, type=Answer)

@@ -56,7 +56,7 @@ from events.messages import (
     SimReply,
     SimRequest,
 )
-from events.query import Answer, Query, query_subject
+from events.query import Answer, Query, ask
 from events.streams import HEARTBEAT_INTERVAL, wait_for_streams
 from events.subjects import DEFAULT_PREFIX, Layout, encode_token
 from nodeagent import downwardmetrics, lifecycle
@@ -68,7 +68,6 @@ from nodeagent.defaults import (
     DEVICE_PLUGIN_CAPACITY,
     DOMAIN_MISSING_REASON,
     DOWNWARD_METRICS_INTERVAL_SECONDS,
-    QUERY_TIMEOUT_SECONDS,
     READ_SERVICE_RETRY_SECONDS,
     READ_SERVICE_WAIT_SECONDS,
     REDISCOVERY_INTERVAL_SECONDS,
@@ -288,13 +287,10 @@ class NodeAgent:
         assert self.nc is not None
         try:
             info = await self.nc.jetstream().stream_info(self.layout.events_stream)
-            query = Query(kind=kind, after=info.state.last_seq)
-            reply = await self.nc.request(query_subject(self.layout),
-                                          msgspec.msgpack.encode(query),
-                                          timeout=QUERY_TIMEOUT_SECONDS)
+            answer = await ask(self.nc, self.layout,
+                               Query(kind=kind, after=info.state.last_seq))
         except (NoRespondersError, TimeoutError) as e:
             raise ReadServiceUnavailable(f"{type(e).__name__}: {e}") from e
-        answer = msgspec.msgpack.decode(reply.data, type=Answer)
         if answer.error:
             raise ReadServiceUnavailable(answer.error)
         return answer

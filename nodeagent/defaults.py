@@ -22,5 +22,4 @@ DownwardmetricsRefreshDuration)."""
 READ_SERVICE_WAIT_SECONDS: Final = 30.0
 """How long a starting agent waits for the read service to say which VMIs are its own."""
 READ_SERVICE_RETRY_SECONDS: Final = 0.5
-QUERY_TIMEOUT_SECONDS: Final = 15.0
 DOMAIN_MISSING_REASON: Final = "domain missing after agent restart"
