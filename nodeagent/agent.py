@@ -377,7 +377,13 @@ class NodeAgent:
         logged and the next tick tries again. A silenced agent writes nothing."""
         while not stop.is_set():
             await pause_unless_stopped(stop, self.cfg.downward_metrics_seconds)
-            if stop.is_set() or not self.active.is_set():
+            if stop.is_set() or not self.active.is_set() or not self.metrics_disks:
+                continue
+            try:
+                host = await asyncio.to_thread(downwardmetrics.host_sample, self.conn,
+                                               self.cfg.node)
+            except libvirt.libvirtError as e:
+                self.log.warning("downward metrics not written; trying again", error=str(e))
                 continue
             for domain, disks in list(self.metrics_disks.items()):
                 ref = self.domains.get(domain)
@@ -385,7 +391,7 @@ class NodeAgent:
                     continue  # removed since this tick began
                 try:
                     await asyncio.to_thread(downwardmetrics.refresh, self.conn, domain, disks,
-                                            self.cfg.node)
+                                            host)
                 except (libvirt.libvirtError, downwardmetrics.MetricsDiskError) as e:
                     self.log.warning("downward metrics not written; trying again", vmi=ref.name,
                                      namespace=ref.namespace, error=str(e))

@@ -68,15 +68,13 @@ class Metric(msgspec.Struct, frozen=True):
     unit: str = ""
 
 
-class Sample(msgspec.Struct, frozen=True, kw_only=True):
-    """One refresh's values. A host value is None where /proc or /sys did not give it; its
-    metric is left out then, as KubeVirt leaves it out."""
+class HostSample(msgspec.Struct, frozen=True, kw_only=True):
+    """The host's values, the same for every guest, so sampled once per refresh round. A
+    value is None where /proc or /sys did not give it; its metric is left out then, as
+    KubeVirt leaves it out."""
 
     host_name: str
     virt_product_info: str
-    vm_cpu_seconds: float
-    vm_vcpus: int
-    vm_memory_kib: int
     physical_cpus: int | None = None
     host_cpu_seconds: float | None = None
     free_physical_memory_kib: int | None = None
@@ -88,28 +86,38 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
     time: int
 
 
+class Sample(msgspec.Struct, frozen=True, kw_only=True):
+    """One guest's values for one refresh, with the host's of that round."""
+
+    host: HostSample
+    vm_cpu_seconds: float
+    vm_vcpus: int
+    vm_memory_kib: int
+
+
 def metrics(sample: Sample) -> list[Metric]:
     """KubeVirt's metrics for `sample`: Go's float64 is `real64` ("%.6f"), uint `uint64`,
     int `int64`; the VM's memory is its balloon, which is also its limit (no ballooning)."""
+    host = sample.host
     rows: list[tuple[str, str, str, str, object]] = [
-        ("HostName", "string", "host", "", sample.host_name),
+        ("HostName", "string", "host", "", host.host_name),
         ("HostSystemInfo", "string", "host", "", HOST_SYSTEM_INFO),
         ("VirtualizationVendor", "string", "host", "", VIRTUALIZATION_VENDOR),
-        ("VirtProductInfo", "string", "host", "", sample.virt_product_info),
+        ("VirtProductInfo", "string", "host", "", host.virt_product_info),
         ("TotalCPUTime", "real64", "vm", "s", sample.vm_cpu_seconds),
         ("ResourceProcessorLimit", "uint64", "vm", "", sample.vm_vcpus),
         ("PhysicalMemoryAllocatedToVirtualSystem", "uint64", "vm", "KiB", sample.vm_memory_kib),
         ("ResourceMemoryLimit", "uint64", "vm", "KiB", sample.vm_memory_kib),
-        ("NumberOfPhysicalCPUs", "int64", "host", "", sample.physical_cpus),
-        ("TotalCPUTime", "real64", "host", "s", sample.host_cpu_seconds),
-        ("FreePhysicalMemory", "uint64", "host", "KiB", sample.free_physical_memory_kib),
-        ("FreeVirtualMemory", "uint64", "host", "KiB", sample.free_virtual_memory_kib),
+        ("NumberOfPhysicalCPUs", "int64", "host", "", host.physical_cpus),
+        ("TotalCPUTime", "real64", "host", "s", host.host_cpu_seconds),
+        ("FreePhysicalMemory", "uint64", "host", "KiB", host.free_physical_memory_kib),
+        ("FreeVirtualMemory", "uint64", "host", "KiB", host.free_virtual_memory_kib),
         ("MemoryAllocatedToVirtualServers", "uint64", "host", "KiB",
-         sample.memory_allocated_to_virtual_servers_kib),
-        ("UsedVirtualMemory", "uint64", "host", "KiB", sample.used_virtual_memory_kib),
-        ("PagedInMemory", "uint64", "host", "KiB", sample.paged_in_memory_kib),
-        ("PagedOutMemory", "uint64", "host", "KiB", sample.paged_out_memory_kib),
-        ("Time", "int64", "host", "s", sample.time),
+         host.memory_allocated_to_virtual_servers_kib),
+        ("UsedVirtualMemory", "uint64", "host", "KiB", host.used_virtual_memory_kib),
+        ("PagedInMemory", "uint64", "host", "KiB", host.paged_in_memory_kib),
+        ("PagedOutMemory", "uint64", "host", "KiB", host.paged_out_memory_kib),
+        ("Time", "int64", "host", "s", host.time),
     ]
     return [Metric(name, kind, context, f"{value:.6f}" if kind == "real64" else str(value), unit)
             for name, kind, context, unit, value in rows if value is not None]
@@ -225,19 +233,28 @@ def disk_paths(spec: VMISpecLike, ctx: ConverterContext) -> tuple[str, ...]:
                  if v.downward_metrics is not None)
 
 
-def refresh(conn: libvirt.virConnect, domain: str, paths: Sequence[str], host_name: str) -> None:
-    """Sample the host and the running `domain` now and rewrite its metrics disks."""
-    document = metrics_xml(sample(conn, conn.lookupByName(domain), host_name))
+def refresh(conn: libvirt.virConnect, domain: str, paths: Sequence[str],
+            host: HostSample) -> None:
+    """Sample the running `domain` now and rewrite its metrics disks with it and `host`."""
+    document = metrics_xml(sample(conn.lookupByName(domain), host))
     for path in paths:
         write_disk(path, document)
 
 
-def sample(conn: libvirt.virConnect, dom: libvirt.virDomain, host_name: str) -> Sample:
+def host_sample(conn: libvirt.virConnect, host_name: str) -> HostSample:
+    """The host's figures now, from /sys and /proc. VirtProductInfo is libvirt's hypervisor
+    version as KubeVirt formats it ("QEMU 9.0.0"; `QEMU 0.0.2` on the test driver)."""
+    version = conn.getVersion()
+    major, minor, release = version // 1_000_000, version // 1000 % 1000, version % 1000
+    return HostSample(host_name=host_name, virt_product_info=f"QEMU {major}.{minor}.{release}",
+                      physical_cpus=_physical_cpus(), host_cpu_seconds=_host_cpu_seconds(),
+                      **_host_memory(), time=int(time.time()))
+
+
+def sample(dom: libvirt.virDomain, host: HostSample) -> Sample:
     """The values KubeVirt takes from virt-launcher's domain stats, from libvirt's API: vCPU
     times (`vcpus()`, 0 where unsupported), vCPU count (`info()`), and the balloon
-    (`memoryStats()["actual"]`, else `info()`'s current memory, which is the same figure).
-    VirtProductInfo is libvirt's hypervisor version as KubeVirt formats it ("QEMU 9.0.0";
-    `QEMU 0.0.2` on the test driver)."""
+    (`memoryStats()["actual"]`, else `info()`'s current memory, which is the same figure)."""
     _state, _max_kib, memory_kib, vcpus, _cpu_ns = dom.info()
     try:
         vcpu_ns = sum(vcpu[2] for vcpu in dom.vcpus()[0])
@@ -247,12 +264,8 @@ def sample(conn: libvirt.virConnect, dom: libvirt.virDomain, host_name: str) -> 
         balloon_kib = int(dom.memoryStats().get("actual", memory_kib))
     except libvirt.libvirtError:
         balloon_kib = memory_kib
-    version = conn.getVersion()
-    major, minor, release = version // 1_000_000, version // 1000 % 1000, version % 1000
-    return Sample(host_name=host_name, virt_product_info=f"QEMU {major}.{minor}.{release}",
-                  vm_cpu_seconds=vcpu_ns / 1e9, vm_vcpus=vcpus, vm_memory_kib=balloon_kib,
-                  physical_cpus=_physical_cpus(), host_cpu_seconds=_host_cpu_seconds(),
-                  **_host_memory(), time=int(time.time()))
+    return Sample(host=host, vm_cpu_seconds=vcpu_ns / 1e9, vm_vcpus=vcpus,
+                  vm_memory_kib=balloon_kib)
 
 
 def _physical_cpus() -> int | None:

@@ -29,9 +29,9 @@ HOST_VALUES = dict(physical_cpus=2, host_cpu_seconds=267804.88,
 
 
 def sample(**host: object) -> dm.Sample:
-    return dm.Sample(host_name="node01", virt_product_info="QEMU 9.0.0",
-                     vm_cpu_seconds=12.5, vm_vcpus=2, vm_memory_kib=2097152,
-                     time=1619008605, **host)  # type: ignore[arg-type]
+    return dm.Sample(host=dm.HostSample(host_name="node01", virt_product_info="QEMU 9.0.0",
+                                        time=1619008605, **host),  # type: ignore[arg-type]
+                     vm_cpu_seconds=12.5, vm_vcpus=2, vm_memory_kib=2097152)
 
 
 KUBEVIRT_METRICS = [
@@ -85,8 +85,9 @@ def test_the_document_is_gos_indented_xml_and_leaves_out_what_the_host_did_not_g
 
 def test_text_is_escaped_as_go_escapes_it() -> None:
     odd = "a<b>&'c\"\td\x01"
-    document = dm.metrics_xml(dm.Sample(host_name=odd, virt_product_info="", vm_cpu_seconds=0,
-                                        vm_vcpus=0, vm_memory_kib=0, time=0))
+    document = dm.metrics_xml(dm.Sample(host=dm.HostSample(host_name=odd, virt_product_info="",
+                                                           time=0),
+                                        vm_cpu_seconds=0, vm_vcpus=0, vm_memory_kib=0))
     assert "<value>a&lt;b&gt;&amp;&#39;c&#34;&#x9;d\ufffd</value>" in document
     assert dm.parse_metrics(document.encode())[0].value == "a<b>&'c\"\td\ufffd"
 
@@ -191,7 +192,7 @@ def test_refresh_samples_the_test_driver_and_this_host(
         disk = tmp_path / "metrics.img"
         dm.create_disk(str(disk))
         before = int(time.time())
-        dm.refresh(conn, name, [str(disk)], "node-a")
+        dm.refresh(conn, name, [str(disk)], dm.host_sample(conn, "node-a"))
         found = {(m.context, m.name): m for m in dm.read_disk(str(disk))}
     finally:
         dom.destroy()
@@ -212,5 +213,6 @@ def test_refreshing_a_domain_that_is_gone_is_libvirts_error(
     disk = tmp_path / "metrics.img"
     dm.create_disk(str(disk))
     with pytest.raises(libvirt.libvirtError):
-        dm.refresh(conn, f"gone-{uuid.uuid4().hex[:8]}", [str(disk)], "node-a")
+        dm.refresh(conn, f"gone-{uuid.uuid4().hex[:8]}", [str(disk)],
+                   dm.host_sample(conn, "node-a"))
     assert dm.read_disk(str(disk)) == []
