@@ -76,7 +76,7 @@ from nodeagent.defaults import (
 from nodeagent.devices import DeviceLedger
 from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
 from nodeagent.domxml import parse_manifest
-from nodeagent.phases import GuestPhase, Observation, StopCause, paused_reason, phase_for
+from nodeagent.phases import GuestPhase, Observation, StopCause, judge
 from nodeagent.simhost import TEST_DEFAULT_URI, for_agent
 from nodeagent.virterror import quiet_libvirt_errors
 from nodeagent.watcher import LifecycleWatcher, to_asyncio
@@ -210,12 +210,10 @@ class NodeAgent:
             if ref is None:
                 continue
             self.domains[ref.domain] = ref
-            state, reason = dom.state()
-            phase = phase_for(state, reason)
-            if phase is not None:
-                await self.report_domain(ref, phase, "found at agent start",
-                                         paused=state == libvirt.VIR_DOMAIN_PAUSED,
-                                         paused_reason=paused_reason(state, reason))
+            found = judge(*dom.state())
+            if found.phase is not None:
+                await self.report_domain(ref, found.phase, "found at agent start",
+                                         paused=found.paused, paused_reason=found.paused_reason)
         self.ledger = DeviceLedger.rebuild(self.discovery.device_capacity(),
                                            [r.uid for r in self.domains.values()],
                                            node=self.cfg.node)
@@ -488,15 +486,16 @@ class NodeAgent:
             except TimeoutError:
                 continue
             ref = self.domains.get(obs.name)
-            phase = obs.phase
+            verdict = obs.verdict
+            phase = verdict.phase
             if ref is None or phase is None or obs.cause is StopCause.REQUESTED:
                 continue  # not ours, no change, or a stop whose command reports it
             reason = str(obs.cause or "")
             with _serving(self.in_progress.get(ref.domain, "")):
                 if phase is GuestPhase.RUNNING:
                     await self._persist()
-                    await self.report_domain(ref, phase, reason, paused=obs.paused,
-                                             paused_reason=obs.paused_reason)
+                    await self.report_domain(ref, phase, reason, paused=verdict.paused,
+                                             paused_reason=verdict.paused_reason)
                 else:
                     await self._remove(ref)
                     await self.report_domain(ref, phase, reason, gone=True)

@@ -59,25 +59,44 @@ class Observation(NamedTuple):
     cause: StopCause | None = None
 
     @property
+    def verdict(self) -> Verdict:
+        """What this event says of the guest (see `judge`); nothing for define/undefine."""
+        state = event_state(self.event, self.detail)
+        return Verdict(None) if state is None else judge(*state, self.cause)
+
+    @property
     def phase(self) -> GuestPhase | None:
         """The VMI phase this event implies, or None when it implies no change."""
-        state = event_state(self.event, self.detail)
-        return None if state is None else phase_for(*state, self.cause)
+        return self.verdict.phase
 
     @property
     def paused(self) -> bool:
         """The event leaves the guest's vCPUs suspended (still Running, with KubeVirt's
         Paused condition)."""
-        state = event_state(self.event, self.detail)
-        return state is not None and state[0] == libvirt.VIR_DOMAIN_PAUSED
+        return self.verdict.paused
 
     @property
     def paused_reason(self) -> str:
         """KubeVirt's Paused reason when the hypervisor paused the guest; '' otherwise."""
-        state = event_state(self.event, self.detail)
-        if state is None or state[0] != libvirt.VIR_DOMAIN_PAUSED:
-            return ""
-        return paused_reason(*state, self.cause)
+        return self.verdict.paused_reason
+
+
+class Verdict(NamedTuple):
+    """What a domain's (state, reason) says of its guest, as a node reports it."""
+
+    phase: GuestPhase | None
+    """The VMI phase, or None when it implies no change (see `phase_for`)."""
+    paused: bool = False
+    """The guest's vCPUs are suspended (still Running, with KubeVirt's Paused condition)."""
+    paused_reason: str = ""
+    """KubeVirt's Paused reason (see `paused_reason`)."""
+
+
+def judge(state: int, reason: int, cause: StopCause | None = None) -> Verdict:
+    """Phase, pause and Paused reason of a domain in `state` for `reason`, given the cause
+    we recorded: the one rule for lifecycle events and for states found at agent start."""
+    return Verdict(phase_for(state, reason, cause), state == libvirt.VIR_DOMAIN_PAUSED,
+                   paused_reason(state, reason, cause))
 
 
 def event_state(event: int, detail: int) -> tuple[int, int] | None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import libvirt as lv
 import pytest
 
-from nodeagent.phases import GuestPhase, Observation, StopCause, paused_reason, phase_for
+from nodeagent.phases import (
+    GuestPhase,
+    Observation,
+    StopCause,
+    Verdict,
+    judge,
+    paused_reason,
+    phase_for,
+)
 
 RUNNING, SUCCEEDED, FAILED = GuestPhase.RUNNING, GuestPhase.SUCCEEDED, GuestPhase.FAILED
 
@@ -116,3 +124,17 @@ def test_an_io_error_pause_is_told_apart_from_a_users() -> None:
     assert paused_reason(lv.VIR_DOMAIN_PAUSED, lv.VIR_DOMAIN_PAUSED_IOERROR) == "PausedIOError"
     assert paused_reason(lv.VIR_DOMAIN_PAUSED, lv.VIR_DOMAIN_PAUSED_USER) == ""
     assert paused_reason(lv.VIR_DOMAIN_RUNNING, 0, StopCause.IO_ERROR) == ""
+
+
+def test_a_state_found_at_restart_is_judged_as_its_event_is() -> None:
+    """`judge` gives phase, pause and Paused reason together, for states and events alike."""
+    assert judge(lv.VIR_DOMAIN_PAUSED, lv.VIR_DOMAIN_PAUSED_IOERROR) == Verdict(
+        GuestPhase.RUNNING, True, "PausedIOError")
+    assert judge(lv.VIR_DOMAIN_PAUSED, lv.VIR_DOMAIN_PAUSED_USER) == Verdict(
+        GuestPhase.RUNNING, True, "")
+    assert judge(lv.VIR_DOMAIN_SHUTOFF, lv.VIR_DOMAIN_SHUTOFF_SHUTDOWN) == Verdict(
+        GuestPhase.SUCCEEDED, False, "")
+    assert Observation("vmi", "uuid", lv.VIR_DOMAIN_EVENT_UNDEFINED, 0).verdict == Verdict(None)
+    io_error = Observation("vmi", "uuid", lv.VIR_DOMAIN_EVENT_SUSPENDED,
+                           lv.VIR_DOMAIN_EVENT_SUSPENDED_IOERROR)
+    assert io_error.verdict == judge(lv.VIR_DOMAIN_PAUSED, lv.VIR_DOMAIN_PAUSED_IOERROR)
