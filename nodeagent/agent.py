@@ -257,7 +257,7 @@ class NodeAgent:
     def _device_demand(self, spec: VirtualMachineInstanceSpec) -> dict[str, int]:
         """The device-plugin resources a VMI's launch takes (hugepages are not devices)."""
         demand = vmi_resources(spec.domain, emulation=self.domain_type != "kvm").extended
-        tracked = self.ledger.available()
+        tracked = self.ledger.tracked()
         return {k: v for k, v in demand.items() if k in tracked}
 
     async def _assigned(self) -> dict[str, tuple[VMIRef, str, dict[str, Any]]]:

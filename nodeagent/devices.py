@@ -94,6 +94,10 @@ class DeviceLedger:
         if released is not None:
             self._log.debug("devices released", vmi_uid=vmi_uid)
 
+    def tracked(self) -> frozenset[str]:
+        """The resources this ledger counts (its capacity's, fixed at creation)."""
+        return frozenset(self._capacity)
+
     def holders(self) -> frozenset[str]:
         with self._lock:
             return frozenset(self._held)

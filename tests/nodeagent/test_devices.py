@@ -34,6 +34,7 @@ def test_exhaustion_is_refused_with_the_resource_named() -> None:
     with pytest.raises(DevicesExhausted, match=r"devices.kubevirt.io/kvm: 0 of 2 free.*uid-c"):
         ledger.acquire("uid-c")
     assert ledger.holders() == {"uid-a", "uid-b"}
+    assert ledger.tracked() == {KVM_DEVICE, TUN_DEVICE}  # still counted when none is free
 
 
 def test_release_frees_and_repeats_safely() -> None:
