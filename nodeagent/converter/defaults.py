@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from events.api.validation import LUN_BUSES
+
 ARCH: Final = "x86_64"
 MACHINE_TYPE: Final = "q35"
 """KubeVirt defaults to QEMU's newest q35 machine type."""
@@ -21,9 +23,9 @@ VIDEO_VRAM_KIB: Final = 16 * 1024
 
 DISK_BUS: Final = "virtio"
 CDROM_BUS: Final = "sata"
-LUN_BUS: Final = "scsi"
-"""A lun needs a SCSI controller (see `events.api.validation.LUN_BUSES`); KubeVirt's amd64
-default for an unset bus is sata, as for any disk."""
+LUN_BUS: Final = LUN_BUSES[0]
+"""A lun needs a SCSI controller, the one bus validation lets a lun name (scsi); KubeVirt's
+amd64 default for an unset bus is sata, as for any disk."""
 INPUT_BUS: Final = "usb"
 """An input device without a bus goes on USB (seed)."""
 
