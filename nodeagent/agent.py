@@ -133,7 +133,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def simulated(self) -> bool:
-        return self.libvirt_uri.startswith(lifecycle.TEST_DRIVER_SCHEME)
+        return lifecycle.is_test_driver(self.libvirt_uri)
 
 
 def vmi_of(dom: libvirt.virDomain) -> VMIRef | None:

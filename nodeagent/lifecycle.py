@@ -162,9 +162,14 @@ def restart(
     log.info("domain power-cycled", domain=name)
 
 
+def is_test_driver(uri: str) -> bool:
+    """`uri` names libvirt's test driver, whose guests and host the agent may simulate."""
+    return uri.startswith(TEST_DRIVER_SCHEME)
+
+
 def ensure_test_uri(uri: str) -> None:
     """Refuse anything but libvirt's test driver, before any guest is touched."""
-    if not uri.startswith(TEST_DRIVER_SCHEME):
+    if not is_test_driver(uri):
         raise SimulationRefused(
             f"guest simulation needs a {TEST_DRIVER_SCHEME} connection, not {uri!r}; "
             "real guests shut down or crash on their own"
