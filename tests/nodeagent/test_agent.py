@@ -209,7 +209,8 @@ async def test_a_host_kept_in_a_file_outlives_its_agent(
         await second.close()
 
 
-@pytest.mark.parametrize("action", ["guest-shutdown", "guest-crash", "agent-stop"])
+@pytest.mark.parametrize("action", ["guest-shutdown", "guest-crash", "guest-io-error",
+                                    "agent-stop", "agent-start"])
 async def test_simulation_is_refused_on_a_real_hypervisor(action: str) -> None:
     agent = NodeAgent(AgentConfig(node="real", nats_url="nats://127.0.0.1:1",
                                   libvirt_uri="qemu:///system"))
