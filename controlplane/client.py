@@ -32,7 +32,7 @@ from events.errors import InvalidSpec, NotFound
 from events.hco import HCO_KIND, OPERAND_TOKENS
 from events.messages import Command, Outcome
 from events.nodes import NODE_KIND
-from events.query import Answer, Query, query_subject
+from events.query import Query, ask
 from events.subjects import DEFAULT_PREFIX, Layout, aggregate_id, encode_token, split_aggregate_id
 from events.vm import VM_KIND, VMI_KIND
 from projections.cluster import ClusterState
@@ -185,10 +185,8 @@ class Client:
 
     async def query(self, kind: str, namespace: str = "", name: str = "",
                     after: int = 0) -> list[dict[str, Any]]:
-        query = Query(kind=kind, namespace=namespace, name=name, after=after)
-        reply = await self.nc.request(query_subject(self.layout),
-                                      msgspec.msgpack.encode(query), timeout=15)
-        answer = msgspec.msgpack.decode(reply.data, type=Answer)
+        answer = await ask(self.nc, self.layout,
+                           Query(kind=kind, namespace=namespace, name=name, after=after))
         if answer.error:
             raise RuntimeError(f"read service: {answer.error}")
         return answer.items
