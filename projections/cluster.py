@@ -3,6 +3,7 @@ KubeVirt's JSON shape with `status`."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
@@ -40,6 +41,16 @@ class ClusterState:
     def __init__(self) -> None:
         self.views: dict[str, View] = {}
         self.last_sequence = 0
+        self.skipped: Counter[str] = Counter()
+        """Messages of the log this version could not decode, by reason (see
+        `projections.follower.SKIP_REASONS`): folded like the views, so the same log and code
+        give the same counts (`virtbus_events_skipped_total`)."""
+
+    def skip(self, sequence: int, reason: str) -> None:
+        """A message at `sequence` that is not an event this version can read: counted, and
+        the state has read past it."""
+        self.skipped[reason] += 1
+        self.last_sequence = max(self.last_sequence, sequence)
 
     def apply(self, event: Event, sequence: int = 0) -> View | None:
         kind = event.originator_id.split(".", 1)[0]
@@ -96,7 +107,8 @@ class ClusterState:
         and extended resources (kvm/tun devices, hugepages)."""
         usage: dict[str, int] = {"memory": 0, "cpu": 0, "vmis": 0}
         for vmi in self.vmis_on(node):
-            assert vmi.spec is not None
+            if vmi.spec is None:  # an instance without a spec asks for nothing
+                continue
             ask = vmi_resources(vmi.spec.domain, emulation=emulation, tuning=tuning)
             usage["memory"] += ask.memory_bytes
             usage["cpu"] += ask.cpu_millis
@@ -140,7 +152,6 @@ def paused_condition(vmi: VirtualMachineInstanceView | None) -> list[dict[str, A
 
 
 def render_vm(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) -> dict[str, Any]:
-    assert vm.spec is not None
     ready = vmi is not None and vmi.phase == "Running" and vmi.deletion_requested_at is None
     status: dict[str, Any] = {
         "printableStatus": printable_status(vm, vmi),
@@ -163,13 +174,12 @@ def render_vm(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) ->
         "apiVersion": API_VERSION,
         "kind": "VirtualMachine",
         "metadata": object_meta(vm, vm.metadata, vm.uid, vm.generation),
-        "spec": msgspec.to_builtins(vm.spec),
+        "spec": msgspec.to_builtins(vm.spec) if vm.spec is not None else {},
         "status": status,
     }
 
 
 def render_vmi(vmi: VirtualMachineInstanceView) -> dict[str, Any]:
-    assert vmi.spec is not None
     meta = object_meta(vmi, vmi.metadata, vmi.uid)
     if vmi.owner:
         meta["ownerReferences"] = [{
@@ -198,7 +208,7 @@ def render_vmi(vmi: VirtualMachineInstanceView) -> dict[str, Any]:
         "apiVersion": API_VERSION,
         "kind": "VirtualMachineInstance",
         "metadata": meta,
-        "spec": msgspec.to_builtins(vmi.spec),
+        "spec": msgspec.to_builtins(vmi.spec) if vmi.spec is not None else {},
         "status": status,
     }
 

@@ -5,18 +5,21 @@ stay live on an ordered consumer. Every reader (read models, controllers, the di
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from typing import Final
 
 import structlog
+from eventsourcing.persistence import MapperDeserialisationError
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
-from events.codec import Event, decode
+from events.codec import Event, decode, event_class, split_topic
 from events.datastore import TOPIC_HEADER
 from events.directget import PAGE, direct_batch, first_since, last_on, sequence
 from events.subjects import Layout
@@ -29,10 +32,80 @@ STALL_CHECK_SECONDS = 3.0
 
 OnEvent = Callable[[int, Event], Awaitable[None]]
 OnCaughtUp = Callable[[], Awaitable[None]]
+OnSkip = Callable[[int, str], Awaitable[None]]
+"""Told the sequence and the reason (one of `SKIP_REASONS`) of each message skipped."""
+
+NO_TOPIC: Final = "no_topic"
+"""No `Vb-Topic` header: not an event (a stray publish, a reply that landed on the subject)."""
+BAD_TOPIC: Final = "bad_topic"
+"""A `Vb-Topic` that is not `<TypeName>.v<schema>`."""
+UNKNOWN_TYPE: Final = "unknown_type"
+"""A type name this version does not know (written by a newer version, or by no version)."""
+FUTURE_SCHEMA: Final = "future_schema"
+"""A schema version newer than the type's class here: no upcaster can read it."""
+UNDECODABLE: Final = "undecodable"
+"""A known type and schema whose body does not decode (or does not upcast)."""
+SKIP_REASONS: Final = (NO_TOPIC, BAD_TOPIC, UNKNOWN_TYPE, FUTURE_SCHEMA, UNDECODABLE)
 
 
 def decode_msg(msg: Msg) -> Event:
+    """The event in `msg`, or an exception: for a reader, see `read_event`."""
     return decode((msg.headers or {})[TOPIC_HEADER], msg.data)
+
+
+def read_event(msg: Msg, seq: int | None = None,
+               on_skip: Callable[[int, str], object] | None = None) -> Event | None:
+    """The event in `msg`, or None for a message this version cannot decode (see
+    `SKIP_REASONS`): that one is logged (one warning line with its sequence, subject, topic
+    and reason) and reported to `on_skip(sequence, reason)`, which counts it
+    (`ClusterState.skip`). Every reader of the log decodes through this (`follow` too), so no
+    message in it can stop one. `seq` is the message's stream sequence where the caller
+    knows it better than a Direct Get reply's header (a live consumer's metadata)."""
+    if seq is None:
+        seq = sequence(msg) if msg.headers and "Nats-Sequence" in msg.headers else 0
+    got = _read(msg, seq)
+    if isinstance(got, str):
+        if on_skip is not None:
+            on_skip(seq, got)
+        return None
+    return got
+
+
+def _read(msg: Msg, seq: int) -> Event | str:
+    """The event, or the reason it is skipped (logged here, once)."""
+    headers = msg.headers or {}
+    topic = headers.get(TOPIC_HEADER)
+    if topic is None:
+        reason, detail = NO_TOPIC, f"no {TOPIC_HEADER} header ({len(msg.data)} bytes)"
+    else:
+        reason, detail = _unreadable(topic)
+        if not reason:
+            try:
+                return decode(topic, msg.data)
+            except Exception as e:  # whatever the bytes or an upcaster raise: not fatal
+                reason, detail = UNDECODABLE, f"{type(e).__name__}: {e}"
+    log.warning("skipped an event this version cannot decode", sequence=seq,
+                subject=headers.get("Nats-Subject", msg.subject), topic=topic, reason=reason,
+                detail=detail)
+    return reason
+
+
+@functools.lru_cache(maxsize=1024)
+def _unreadable(topic: str) -> tuple[str, str]:
+    """Why a message with this topic cannot be decoded here, before its body is tried, or
+    ('', '') if it may be (`decode` itself would read a future schema as the current one).
+    A verdict per topic, of which a log holds few, so a replay pays for it once each."""
+    try:
+        name, schema = split_topic(topic)
+    except ValueError:
+        return BAD_TOPIC, f"not <TypeName>.v<schema>: {topic!r}"
+    try:
+        cls = event_class(name)
+    except MapperDeserialisationError as e:
+        return UNKNOWN_TYPE, str(e)
+    if schema > cls.SCHEMA:
+        return FUTURE_SCHEMA, f"schema {schema}, this version reads up to {cls.SCHEMA}"
+    return "", ""
 
 
 async def head(nc: Client, layout: Layout, subject: str | None = None) -> int:
@@ -78,9 +151,12 @@ async def follow(
     start: int = 1,
     subject: str | None = None,
     on_caught_up: OnCaughtUp | None = None,
+    on_skip: OnSkip | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Deliver every event from `start` on, in order, until `stop` is set."""
+    """Deliver every event from `start` on, in order, until `stop` is set. A message this
+    version cannot decode is skipped (logged, and told to `on_skip`), never delivered, and
+    the follow goes on past it."""
     subject = subject or layout.events_filter()
     stop = stop or asyncio.Event()
     target = await head(nc, layout, subject)
@@ -89,7 +165,7 @@ async def follow(
     while position <= target and not stop.is_set():
         page = await direct_batch(nc, layout.events_stream, position, PAGE, subject)
         for msg in page:
-            await on_event(sequence(msg), decode_msg(msg))
+            await _hand_over(msg, sequence(msg), on_event, on_skip)
         if page:
             # A page may run past `target` (appended since `head`): go live after the last
             # event delivered, not after `target`, or those events come twice.
@@ -100,11 +176,20 @@ async def follow(
     progress.done()
     if on_caught_up is not None:
         await on_caught_up()
-    await _follow_live(nc, layout, on_event, subject=subject, position=position, stop=stop)
+    await _follow_live(nc, layout, on_event, on_skip, subject=subject, position=position,
+                       stop=stop)
 
 
-async def _follow_live(nc: Client, layout: Layout, on_event: OnEvent, *, subject: str,
-                       position: int, stop: asyncio.Event) -> None:
+async def _hand_over(msg: Msg, seq: int, on_event: OnEvent, on_skip: OnSkip | None) -> None:
+    got = _read(msg, seq)
+    if not isinstance(got, str):
+        await on_event(seq, got)
+    elif on_skip is not None:
+        await on_skip(seq, got)
+
+
+async def _follow_live(nc: Client, layout: Layout, on_event: OnEvent, on_skip: OnSkip | None,
+                       *, subject: str, position: int, stop: asyncio.Event) -> None:
     """Stay live from `position` on an ordered consumer, watched: when nothing arrives for
     `STALL_CHECK_SECONDS` while the log holds events past `position`, the consumer is
     presumed lost (a reset nats-py could not finish, a connection dropped) and replaced
@@ -135,7 +220,7 @@ async def _follow_live(nc: Client, layout: Layout, on_event: OnEvent, *, subject
             seq = msg.metadata.sequence.stream
             if seq >= position:
                 position = seq + 1
-                await on_event(seq, decode_msg(msg))
+                await _hand_over(msg, seq, on_event, on_skip)
     finally:
         # Neither waiter may outlive the follow (cancelled, stopped or failed).
         stopped.cancel()

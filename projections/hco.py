@@ -82,7 +82,7 @@ class HyperConvergedView(View):
 
     def _unsafe(self, counts: dict[str, int], at: datetime) -> None:
         if not self.unsafe_history or self.unsafe_history[-1][0] != counts:
-            self.unsafe_history.append((counts, at))
+            self.unsafe_history = [*self.unsafe_history, (counts, at)]
 
 
 class OperandView(View):
@@ -105,7 +105,7 @@ class OperandView(View):
                 self.object, self.out_of_band = obj, True
             case OperandReverted(object=obj, component=component):
                 self.object, self.out_of_band = obj, False
-                self.reverts.append((component, event.timestamp))
+                self.reverts = [*self.reverts, (component, event.timestamp)]
             case OperandDeleted():
                 self.exists, self.out_of_band = False, False
 
@@ -153,8 +153,11 @@ def cluster_tuning(state: ClusterState) -> ClusterTuning:
 
 
 def metrics(state: ClusterState) -> HcoMetrics:
-    """HCO's metrics, folded from the views in event-time order per series."""
+    """HCO's metrics, folded from the views in event-time order per series, and the
+    messages of the log the fold skipped."""
     folded = HcoMetrics()
+    for reason, count in sorted(state.skipped.items()):
+        folded.on_skipped(reason, count)
     for view in operands(state, deleted=True):
         for component, at in view.reverts:
             folded.on_revert(component, at)

@@ -9,6 +9,10 @@ reads a clock, so replaying the log rebuilds the same counters and the same aler
 | KubeVirtCRModified         | warning  | component_name  | from a revert until 10 minutes      |
 |                            |          |                 | after that component's last revert  |
 | UnsupportedHCOModification | info     | annotation_name | while the annotation holds patches  |
+
+Beside HCO's, the exposition carries the reader's own `virtbus_events_skipped_total{reason}`:
+the messages of the log this version could not decode (`projections.follower`), folded
+with the rest, so it too is the same after a replay.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ UNSUPPORTED_MODIFICATION_SEVERITY: Final = "info"
 OUT_OF_BAND_HELP: Final = "Count of out-of-band modifications overwritten by HCO"
 UNSAFE_HELP: Final = "Count of unsafe modifications in the HyperConverged annotations"
 
+EVENTS_SKIPPED: Final = "virtbus_events_skipped_total"
+REASON_LABEL: Final = "reason"
+EVENTS_SKIPPED_HELP: Final = "Messages of the event log this version could not decode, skipped"
+
 
 @dataclass(frozen=True)
 class Alert:
@@ -59,6 +67,11 @@ class HcoMetrics:
     _reverts: dict[str, _Reverts] = field(default_factory=dict)
     _unsafe: dict[str, int] = field(default_factory=dict)
     _unsafe_since: dict[str, datetime] = field(default_factory=dict)
+    _skipped: dict[str, int] = field(default_factory=dict)
+
+    def on_skipped(self, reason: str, count: int = 1) -> None:
+        """`count` messages of the log skipped as undecodable, for `reason`."""
+        self._skipped[reason] = self._skipped.get(reason, 0) + count
 
     def on_revert(self, component: str, at: datetime) -> None:
         """HCO overwrote an out-of-band modification of `component` (the operand's name)."""
@@ -128,3 +141,7 @@ class _StateCollector(Collector):
         for name, count in sorted(self._metrics._unsafe.items()):
             unsafe.add_metric([name], count)
         yield unsafe
+        skipped = CounterMetricFamily(EVENTS_SKIPPED, EVENTS_SKIPPED_HELP, labels=[REASON_LABEL])
+        for reason, count in sorted(self._metrics._skipped.items()):
+            skipped.add_metric([reason], count)
+        yield skipped

@@ -99,6 +99,13 @@ class ReadService:
         async with self.advanced:
             self.advanced.notify_all()
 
+    async def _on_skip(self, sequence: int, reason: str) -> None:
+        """A message that is no event: counted, and read past (a query `after` it waits for
+        nothing more)."""
+        self.state.skip(sequence, reason)
+        async with self.advanced:
+            self.advanced.notify_all()
+
     async def _on_query(self, msg: Msg) -> None:
         """Answer each query in a task of its own: nats-py runs a subscription's callbacks
         one at a time, and a query waiting for the log to reach its `after` must not hold
@@ -124,7 +131,8 @@ class ReadService:
         sub = await self.nc.subscribe(query_subject(self.layout), cb=self._on_query)
         server = await http.serve(self.state, render, *listen) if listen else None
         try:
-            await follow(self.nc, self.layout, self._on_event, stop=stop)
+            await follow(self.nc, self.layout, self._on_event, on_skip=self._on_skip,
+                         stop=stop)
         finally:
             if server is not None:
                 server.close()

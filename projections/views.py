@@ -3,14 +3,21 @@ read side renders them, so what a command was checked against is what `get` show
 
 Each view ignores events at or below the version it has seen, so feeding an event twice
 (once as a controller's own result, once from the log) changes nothing.
+
+Nothing read from the log is asserted: an event that does not fit its view's state (a
+change to a VM never created) is ignored with a warning, and a fold that fails anyway
+leaves the view as it was. `mutate` only rebinds attributes, never changes a list, dict or
+struct in place, so a shallow copy (`View.copy`) folds apart from its original.
 """
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 import msgspec
+import structlog
 
 from events.api.base import ObjectMeta
 from events.api.node import NodeInfo
@@ -34,6 +41,8 @@ from events.vm import (
     VirtualMachineUpdated,
 )
 
+log = structlog.get_logger(__name__)
+
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -51,18 +60,40 @@ class View:
         self.correlation_id = ""
 
     def apply(self, event: Event, sequence: int = 0) -> bool:
-        """Fold one event in; False if it was already folded."""
+        """Fold one event in; False if it was already folded. An event the view cannot fold
+        (its `mutate` fails) is seen, not folded: the version moves past it, nothing else
+        changes, and a warning says so; no event stops a reader."""
         if event.originator_version <= self.version:
             return False
         self.version = event.originator_version
         self.updated_at = event.timestamp
         self.correlation_id = event.correlation_id
         self.last_sequence = max(self.last_sequence, sequence)
-        self.mutate(event)
+        before = dict(vars(self))  # `mutate` rebinds, so this restores the view exactly
+        try:
+            self.mutate(event)
+        except Exception as e:
+            vars(self).clear()
+            vars(self).update(before)
+            self.ignore(event, f"folding it failed: {type(e).__name__}: {e}")
         return True
 
     def mutate(self, event: Event) -> None:
+        """Fold `event` into the state by rebinding attributes, never by changing a list,
+        dict or struct in place (see `copy`)."""
         raise NotImplementedError
+
+    def ignore(self, event: Event, why: str) -> None:
+        """Leave the view as it is for an event that does not fit it, with a warning."""
+        log.warning("event ignored: it does not fit its view", type=event.TYPE,
+                    aggregate=self.id, version=event.originator_version,
+                    sequence=self.last_sequence, why=why)
+
+    def copy(self) -> Self:
+        """`copy.copy(self)`: a shallow copy that can be folded (`apply`) without touching
+        this view, since `mutate` only rebinds attributes and never changes a list, dict or
+        struct they hold in place."""
+        return copy.copy(self)
 
 
 class VirtualMachineView(View):
@@ -98,7 +129,9 @@ class VirtualMachineView(View):
             case VirtualMachineUpdated(metadata=meta, spec=spec, generation=gen):
                 self.metadata, self.spec, self.generation = meta, spec, gen
             case VirtualMachineRunStrategyChanged(run_strategy=rs, generation=gen):
-                assert self.spec is not None
+                if self.spec is None:
+                    self.ignore(event, "a run strategy change to a VM never created")
+                    return
                 self.spec = msgspec.structs.replace(self.spec, run_strategy=rs, running=None)
                 self.generation = gen
             case VirtualMachineStateChangeRequested(action=action):
@@ -164,7 +197,7 @@ class VirtualMachineInstanceView(View):
 
     def _phase(self, phase: str, at: datetime) -> None:
         self.phase = phase
-        self.transitions.append((phase, at))
+        self.transitions = [*self.transitions, (phase, at)]
 
 
 class NodeView(View):
