@@ -1,9 +1,30 @@
 """The node agent: its node's commands in, libvirt driven, observations out.
 
 It never writes events. It reports what it sees (its host, each guest's phase) and the
-control plane decides what that means. Work comes from the node's work-queue consumer and is
-acknowledged only after it is done and reported; launching is idempotent by domain name, so
-a redelivery after a crash finds the guest already running and launches nothing twice.
+control plane decides what that means. Work comes from the node's work-queue consumer, one
+item at a time, and is acknowledged only after it is done, reported and recorded.
+
+Node work is idempotent here, not only inside the node stream's duplicate window: each item
+is looked up by its event id in the agent's work log (`nodeagent.worklog`, a KV bucket that
+outlives the agent and every window), and a launch by its VMI's uid, which the log marks
+finished before the agent reports it Succeeded or Failed or removes its domain as no active
+VMI's. An item applied already is only acknowledged; a launch of a finished VMI defines
+nothing. The crash windows, in the order the work goes:
+
+- done, not yet reported or recorded: the item is delivered again and done again. Launch,
+  stop, pause and unpause find libvirt as they left it and change nothing; a restart
+  (reboot) reboots the guest a second time, the one repeat a guest can see.
+- reported, not yet recorded: the same, and its report is made twice (the same observation).
+- recorded, not yet acknowledged: delivered again, found applied, acknowledged, nothing done.
+- a VMI marked finished, not yet reported: the restarted agent finds it placed here, Running
+  and without a domain, and reports it gone (the reconcile below); it stays finished.
+- an orphan marked finished, its domain not yet removed: the next reconcile removes it.
+
+An item that does not decode or does not make sense (another verb than its subject's, no
+event id or uid, a VMI to launch that is not the command's) is logged with its subject,
+counted and terminated; so is one that trips an unexpected error. Nothing read from the wire
+stops the agent. An item the agent could not finish for NATS's sake (no ack, no record) is
+delivered again, at most `WORK_MAX_DELIVER` times.
 
 At start (and when a simulated agent stop ends) it reconciles as virt-handler does: it asks
 the read service which VMIs the cluster placed on this node, reports those that ran here
@@ -72,6 +93,7 @@ from nodeagent.defaults import (
     READ_SERVICE_WAIT_SECONDS,
     REDISCOVERY_INTERVAL_SECONDS,
     TEST_HOST_CPU_MODEL,
+    WORK_MAX_DELIVER,
 )
 from nodeagent.devices import DeviceLedger
 from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
@@ -80,6 +102,7 @@ from nodeagent.phases import GuestPhase, Observation, StopCause, judge
 from nodeagent.simhost import TEST_DEFAULT_URI, for_agent
 from nodeagent.virterror import quiet_libvirt_errors
 from nodeagent.watcher import LifecycleWatcher, to_asyncio
+from nodeagent.worklog import open_worklog
 
 log = structlog.get_logger(__name__)
 
@@ -95,7 +118,6 @@ def _serving(correlation_id: str) -> Iterator[None]:
     finally:
         SERVING.reset(token)
 
-FETCH_BATCH = 16
 VMI_KIND = "VirtualMachineInstance"
 KUBEVIRT_KIND = "KubeVirt"
 FINISHED = frozenset({GuestPhase.SUCCEEDED, GuestPhase.FAILED})
@@ -136,6 +158,11 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         return lifecycle.is_test_driver(self.libvirt_uri)
 
 
+def work_consumer(node: str) -> str:
+    """The durable pull consumer through which `node`'s agent takes its work."""
+    return f"agent-{encode_token(node)}"
+
+
 def vmi_of(dom: libvirt.virDomain) -> VMIRef | None:
     """The VMI a domain belongs to, from the metadata the converter writes."""
     found = ET.fromstring(dom.XMLDesc(0)).find(f"metadata/{VMI_METADATA_TAG}")
@@ -163,6 +190,8 @@ class NodeAgent:
         """Domain name to the correlation id of the node command acting on it right now, so
         libvirt's echo of that action, if the watcher reports it first, carries the id too."""
         self.nc: Client | None = None
+        self.rejected = 0
+        """Work items terminated as bad since start (each logged with its subject)."""
         self.fingerprint = ""
         self.host = for_agent(cfg.libvirt_uri, cfg.sim_state)
         cpu_model = cfg.host_cpu_model or (TEST_HOST_CPU_MODEL if cfg.simulated else "")
@@ -182,9 +211,13 @@ class NodeAgent:
         self.domain_type = hypervisor_domain_type(self.cfg.libvirt_uri)
         self.nc = await connect(self.cfg.nats_url, f"agent-{self.cfg.node}")
         try:
-            if not await unless_stopped(wait_for_streams(self.nc.jetstream(), self.layout),
-                                        stop):
+            js = self.nc.jetstream()
+            if not await unless_stopped(wait_for_streams(js, self.layout), stop):
                 return
+            opened = asyncio.ensure_future(open_worklog(js, self.layout, self.cfg.node))
+            if not await unless_stopped(opened, stop):
+                return
+            self.worklog = opened.result()
             await self._adopt_domains()
             await self.report_host(force=True)
             sim = await self.nc.subscribe(self.layout.agent_subject(self.cfg.node, "sim"),
@@ -237,6 +270,7 @@ class NodeAgent:
                 if ref.uid not in assigned:
                     self.log.warning("removing a domain no active VMI here owns", vmi=ref.name,
                                      namespace=ref.namespace, uid=ref.uid)
+                    await self.worklog.record_finished(ref.uid, "no active VMI here owns it")
                     await self._remove(ref)
 
     def _adopt_spec(self, ref: VMIRef, vmi: dict[str, Any]) -> None:
@@ -351,6 +385,10 @@ class NodeAgent:
     async def report_domain(self, ref: VMIRef, phase: str, reason: str = "", *,
                             gone: bool = False, paused: bool = False,
                             paused_reason: str = "") -> None:
+        """Report a guest's phase; a finished one is marked so first, never to launch again
+        (a report lost after the mark is made again by the next start's reconcile)."""
+        if phase in FINISHED:
+            await self.worklog.record_finished(ref.uid, reason or phase)
         obs = DomainObservation(namespace=ref.namespace, name=ref.name, uid=ref.uid,
                                 phase=phase, reason=reason, gone=gone, paused=paused,
                                 paused_reason=paused_reason)
@@ -407,42 +445,98 @@ class NodeAgent:
             await pause_unless_stopped(stop, HEARTBEAT_INTERVAL)
 
     async def _consume(self, stop: asyncio.Event) -> None:
+        """Take the node's work one item at a time: an item fetched is an item claimed, so
+        none waits out its ack wait in a batch behind slow work and comes twice."""
         assert self.nc is not None
-        durable = f"agent-{encode_token(self.cfg.node)}"
-        sub = await self.nc.jetstream().pull_subscribe(
-            self.layout.node_filter(self.cfg.node), durable=durable,
-            stream=self.layout.node_stream,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_SECONDS))
+        js = self.nc.jetstream()
+        durable = work_consumer(self.cfg.node)
+        # Created, or brought to this config (an older agent's consumer had no max_deliver).
+        await js.add_consumer(self.layout.node_stream, ConsumerConfig(
+            name=durable, durable_name=durable, filter_subject=self.layout.node_filter(
+                self.cfg.node), ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_SECONDS,
+            max_deliver=WORK_MAX_DELIVER))
+        sub = await js.pull_subscribe_bind(durable=durable, stream=self.layout.node_stream)
         while not stop.is_set():
             if not self.active.is_set():
                 await unless_stopped(self.active.wait(), stop)  # a silenced agent does nothing
                 continue
             try:
-                msgs = await sub.fetch(FETCH_BATCH, timeout=1.0)
+                msgs = await sub.fetch(1, timeout=1.0)
             except TimeoutError:
                 continue
             for msg in msgs:
-                await self._handle(msg)
+                try:
+                    await self._handle(msg)
+                except (TimeoutError, NatsError) as e:  # NATS's trouble, not the work's
+                    self.log.warning("node work unfinished; it is delivered again",
+                                     subject=msg.subject, error=str(e))
 
     async def _handle(self, msg: Msg) -> None:
-        command = msgspec.msgpack.decode(msg.data, type=NodeCommand)
+        """One work item, isolated: a bad one is rejected, any other applied (see above)."""
+        try:
+            command = msgspec.msgpack.decode(msg.data, type=NodeCommand)
+        except msgspec.DecodeError as e:
+            await self._reject(msg, f"not a node command: {e}")
+            return
+        if refusal := self._refusal(command, msg.subject):
+            await self._reject(msg, refusal, event_id=command.event_id)
+            return
         ref = VMIRef(command.namespace, command.name, command.uid)
         with _serving(command.correlation_id), structlog.contextvars.bound_contextvars(
                 vmi=ref.name, namespace=ref.namespace, verb=command.verb,
                 event_id=command.event_id, command_id=command.command_id,
                 correlation_id=command.correlation_id):
-            self.log.info("node command")
-            self.in_progress[ref.domain] = command.correlation_id
             try:
-                async with claimed(msg), self.busy:
-                    await self.execute(command, ref)
-            except (VirtbusError, libvirt.libvirtError) as e:
-                self.log.warning("node command failed", error=str(e))
-                if command.verb == "launch":
-                    await self.report_domain(ref, GuestPhase.FAILED, f"launch failed: {e}")
-            finally:
-                self.in_progress.pop(ref.domain, None)
+                await self._apply(msg, command, ref)
+            except (TimeoutError, NatsError):
+                raise
+            except Exception as e:  # a bug this item trips must not stop the agent
+                await self._reject(msg, f"{type(e).__name__}: {e}", event_id=command.event_id,
+                                   error=e)
+
+    def _refusal(self, command: NodeCommand, subject: str) -> str:
+        """Why a decoded work item makes no sense as it stands; '' when it does."""
+        if subject != self.layout.node_subject(self.cfg.node, command.verb):
+            return f"a {command.verb!r} command on another verb's subject"
+        if not command.event_id or not command.uid:
+            return "no event id or no VMI uid: it could be neither recorded nor checked"
+        if command.vmi is not None:
+            meta = command.vmi.get("metadata")
+            names = [meta.get(k) for k in ("namespace", "name", "uid")] \
+                if isinstance(meta, dict) else []
+            if names != [command.namespace, command.name, command.uid]:
+                return "its VMI is not the one the command names"
+        return ""
+
+    async def _reject(self, msg: Msg, reason: str, *, event_id: str = "",
+                      error: Exception | None = None) -> None:
+        """Log (one line, with the subject), count and terminate a work item: JetStream
+        never delivers it again and says so in a MSG_TERMINATED advisory."""
+        self.rejected += 1
+        self.log.error("node work rejected", subject=msg.subject, event_id=event_id,
+                       reason=reason, rejected=self.rejected, exc_info=error)
+        await msg.term()
+
+    async def _apply(self, msg: Msg, command: NodeCommand, ref: VMIRef) -> None:
+        """Do, report, record, acknowledge, in that order (the module gives the crash
+        windows); an item whose event id is recorded already is only acknowledged."""
+        if await self.worklog.applied(command.event_id):
+            self.log.info("node work already applied")
             await msg.ack()
+            return
+        self.log.info("node command")
+        self.in_progress[ref.domain] = command.correlation_id
+        try:
+            async with claimed(msg), self.busy:
+                await self.execute(command, ref)
+        except (VirtbusError, libvirt.libvirtError) as e:
+            self.log.warning("node command failed", error=str(e))
+            if command.verb == "launch":
+                await self.report_domain(ref, GuestPhase.FAILED, f"launch failed: {e}")
+        finally:
+            self.in_progress.pop(ref.domain, None)
+        await self.worklog.record_applied(command)
+        await msg.ack()
 
     async def execute(self, command: NodeCommand, ref: VMIRef) -> None:
         match command.verb:
@@ -463,6 +557,9 @@ class NodeAgent:
                 await self._persist()
 
     async def _launch(self, command: NodeCommand, ref: VMIRef) -> None:
+        if await self.worklog.finished(ref.uid):
+            self.log.info("launch of a finished VMI: nothing to do", uid=ref.uid)
+            return
         if command.vmi is None:
             raise InvalidSpec("vmi", "a launch needs the VMI")
         spec, ctx = parse_manifest(command.vmi, domain_type=self.domain_type,

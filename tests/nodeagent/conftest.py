@@ -6,16 +6,23 @@ names its domains uniquely and never relies on another test's leftovers.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import libvirt
+import nats
 import pytest
 
+from controlplane.writer import Writer
+from events.streams import ensure_all
+from events.subjects import Layout
 from nodeagent.phases import Observation
 from nodeagent.virterror import quiet_libvirt_errors
 from nodeagent.watcher import LifecycleWatcher, start_event_loop
+from projections.service import ReadService
+from tests.nodeagent.helpers import Cluster
 
 WAIT_SECONDS = 10.0
 
@@ -85,3 +92,19 @@ def domain_xml() -> Callable[..., str]:
         )
 
     return make
+
+
+@pytest.fixture
+async def cluster(nats_url: str, prefix: str) -> AsyncIterator[Cluster]:
+    layout = Layout(prefix)
+    nc = await nats.connect(nats_url)
+    await ensure_all(nc.jetstream(), layout, 1)
+    writer = Writer(nc, layout)
+    stop = asyncio.Event()
+    reads = asyncio.ensure_future(ReadService(nc, layout).run(stop))
+    try:
+        yield Cluster(nc, writer, layout, f"node-{prefix}")
+    finally:
+        stop.set()
+        await reads
+        await nc.close()
