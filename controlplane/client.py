@@ -20,6 +20,8 @@ from typing import Any, Self
 import jsonpatch
 import msgspec
 from nats.aio.client import Client as Nats
+from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from controlplane.defaults import COMMAND_AWAIT_TIMEOUT_SECONDS
@@ -36,13 +38,16 @@ from events.query import Query, ask
 from events.subjects import DEFAULT_PREFIX, Layout, aggregate_id, encode_token, split_aggregate_id
 from events.vm import VM_KIND, VMI_KIND
 from projections.cluster import ClusterState
-from projections.follower import decode_msg, follow, start_sequence_at
+from projections.follower import follow, read_event, start_sequence_at
 from projections.service import render, render_view
 
 KIND_TOKENS = {"VirtualMachine": VM_KIND, "VirtualMachineInstance": VMI_KIND, "Node": NODE_KIND,
                HCO_API_KIND: HCO_KIND, **OPERAND_TOKENS}
 CLUSTER_SCOPED = frozenset({"Node", HCO_API_KIND, *OPERAND_TOKENS})
 """Kinds whose aggregates are cluster-scoped: their namespace is not part of the id."""
+
+
+_decode_outcome = msgspec.msgpack.Decoder(Outcome).decode
 
 
 class CommandRejected(Exception):
@@ -121,33 +126,68 @@ class Client:
         return Command(id=str(uuid.uuid4()), actor=self.actor, kind=kind, verb=verb,
                        namespace=namespace, name=name, **fields)
 
-    async def submit(self, command: Command) -> None:
-        """Publish durably; the command stream's dedupe makes a retried publish harmless."""
+    async def submit(self, command: Command) -> bool:
+        """Publish durably; whether the command stream already had it (a retried publish
+        is harmless: the stream's dedupe, then the command's marker, answer it)."""
         subject = self.layout.command_subject(command.actor, KIND_TOKENS.get(
             command.kind, command.kind.lower()), command.verb)
-        await self.js.publish(subject, msgspec.msgpack.encode(command),
-                              headers={"Nats-Msg-Id": command.id})
+        ack = await self.js.publish(subject, msgspec.msgpack.encode(command),
+                                    headers={"Nats-Msg-Id": command.id})
+        return bool(ack.duplicate)
 
     async def outcome(self, command_id: str,
                       timeout: float = COMMAND_AWAIT_TIMEOUT_SECONDS) -> Outcome:
-        if self._outcomes is None:  # bound once, not a STREAM.INFO round trip per command
-            self._outcomes = await self.js.key_value(self.layout.outcomes_bucket)
-        watcher = await self._outcomes.watch(encode_token(command_id))
+        """The command's one outcome: already stored, or as soon as it is."""
+        arrival, sub = await self._expect_outcome(command_id)
         try:
-            while True:
-                entry = await watcher.updates(timeout=timeout)
-                if entry is not None and entry.value:
-                    return msgspec.msgpack.decode(entry.value, type=Outcome)
+            return await self._settle(command_id, arrival, timeout, stored_first=True)
         finally:
-            await watcher.stop()
+            await sub.unsubscribe()
 
     async def run(self, command: Command, *, check: bool = True) -> Outcome:
-        """Submit and await the one outcome; raise CommandRejected if `check` and refused."""
-        await self.submit(command)
-        outcome = await self.outcome(command.id)
+        """Submit and await the one outcome; raise CommandRejected if `check` and refused.
+
+        The outcome's arrival is subscribed to before the command is sent, on the outcome's
+        own bucket subject: no watcher (a server-side consumer) per command."""
+        arrival, sub = await self._expect_outcome(command.id)
+        try:
+            duplicate = await self.submit(command)
+            outcome = await self._settle(command.id, arrival,
+                                         COMMAND_AWAIT_TIMEOUT_SECONDS, stored_first=duplicate)
+        finally:
+            await sub.unsubscribe()
         if check and not outcome.accepted:
             raise CommandRejected(outcome)
         return outcome
+
+    async def _expect_outcome(self, command_id: str) -> tuple[asyncio.Future[Msg], Any]:
+        arrival: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        subject = f"$KV.{self.layout.outcomes_bucket}.{encode_token(command_id)}"
+        sub = await self.nc.subscribe(subject, future=arrival, max_msgs=1)
+        return arrival, sub
+
+    async def _settle(self, command_id: str, arrival: asyncio.Future[Msg], timeout: float, *,
+                      stored_first: bool) -> Outcome:
+        if stored_first and (stored := await self._stored_outcome(command_id)) is not None:
+            return stored
+        try:
+            msg = await asyncio.wait_for(asyncio.shield(arrival), timeout)
+        except TimeoutError:
+            stored = await self._stored_outcome(command_id)
+            if stored is not None:
+                return stored
+            raise TimeoutError(f"no outcome for command {command_id} after {timeout:g}s; it "
+                               f"may still be decided: await it again by its id") from None
+        return _decode_outcome(msg.data)
+
+    async def _stored_outcome(self, command_id: str) -> Outcome | None:
+        if self._outcomes is None:  # bound once, not a STREAM.INFO round trip per look
+            self._outcomes = await self.js.key_value(self.layout.outcomes_bucket)
+        try:
+            entry = await self._outcomes.get(encode_token(command_id))
+        except KeyNotFoundError:
+            return None
+        return _decode_outcome(entry.value) if entry.value else None
 
     async def apply(self, *manifests: dict[str, Any], check: bool = True) -> list[Outcome]:
         """Validate every manifest locally first, so a bad document submits nothing."""
@@ -205,7 +245,9 @@ class Client:
         state = ClusterState()
         for msg in await read_all(self.nc, self.layout.events_stream,
                                   self.layout.events_filter(), stop=stop):
-            state.apply(decode_msg(msg), sequence(msg))
+            event = read_event(msg, on_skip=state.skip)  # one this version cannot read: None
+            if event is not None:
+                state.apply(event, sequence(msg))
         return state
 
     async def query_at(self, at: int | datetime, kind: str, namespace: str = "",
@@ -273,9 +315,12 @@ class Client:
         before: dict[str, Any] = {}
         out: list[HistoryEntry] = []
         for msg in msgs:
-            event = decode_msg(msg)
+            event = read_event(msg, on_skip=state.skip)  # one this version cannot read: None
+            if event is None:
+                continue
             view = state.apply(event, sequence(msg))
-            assert view is not None
+            if view is None:
+                continue
             after = render_view(state, view) or {}
             after.get("metadata", {}).pop("resourceVersion", None)
             patch = jsonpatch.make_patch(before, after).patch

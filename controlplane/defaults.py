@@ -9,6 +9,15 @@ NODE_MONITOR_GRACE_SECONDS: Final = 20.0
 NODE_MONITOR_PERIOD_SECONDS: Final = 1.0
 """How often the node lifecycle controller looks at heartbeats."""
 COMMAND_ACTOR_CONTROLLER: Final = "system:controller"
-INTAKE_BATCH: Final = 64
-"""Commands (or reports) fetched per pull."""
+INTAKE_CONCURRENCY: Final = 256
+"""Commands (or reports) worked on at once; each is claimed while it is."""
+PULL_EXPIRES_SECONDS: Final = 5.0
+"""How long one of the intake's pull requests waits on the server for messages."""
+PULL_TOP_UP: Final = INTAKE_CONCURRENCY // 4
+"""Free places that make the intake ask for more (fewer wait for the next ask)."""
+INTAKE_RETRY_SECONDS: Final = 1.0
+"""How long a message the log could not take waits before it is delivered again."""
+MAX_DELIVER: Final = 5
+"""Deliveries of one command or report before it is dead-lettered."""
+MAX_COMMAND_ID_LENGTH: Final = 200
 COMMAND_AWAIT_TIMEOUT_SECONDS: Final = 30.0

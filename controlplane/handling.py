@@ -1,35 +1,75 @@
-"""Command handling: decide on fresh state, append atomically with the command's marker,
-and give exactly one outcome per command id.
+"""Command handling: decide on the writer's memory, append atomically with the command's
+marker and its read guards, and give exactly one outcome per command id, final.
 
-The marker is a `CommandAccepted` event on the command's own aggregate, `command._.<id>`,
-appended in the same atomic batch as the decision's events. The store lets that aggregate
-be created once, so a command delivered twice (a crash before its ack, a client retry) is
-recognised and answered with its first outcome instead of being applied again.
+A decision is a synchronous handler over views. It runs on what the writer already holds
+(`Memory`); when it asks for an object the memory lacks, the object is read from the log
+and the handler runs again from the start, so handlers stay plain functions and a warm
+command costs no read. The memory is a cache and the server is the judge: every batch
+carries, for each object the decision wrote *or read*, the sequence it saw.
+
+| message of the batch                  | subject                    | expects                 |
+|---------------------------------------|----------------------------|-------------------------|
+| the marker (`CommandAccepted` with its | `ev.command._.<id>`        | 0: no outcome yet       |
+| event count, or `CommandRejected`)    |                            |                         |
+| each event, in the decision's order   | its object's subject       | the first of each       |
+|                                       |                            | object: the sequence    |
+|                                       |                            | the decision saw        |
+| a read guard per object only read     | `guard` (outside `ev.>`)   | that object's subject   |
+| (absent ones too), and per kind       |                            | (or `ev.<kind>.>`) at   |
+| scanned                               |                            | the sequence seen       |
+
+| the server answers                     | then                                              |
+|----------------------------------------|---------------------------------------------------|
+| stored                                 | the memory takes the decision's views; outcome    |
+| conflict, and the marker exists        | the first outcome is the answer                   |
+| conflict, no marker                    | forget what went stale, decide again (bounded)    |
+| no answer (timeout, connection lost)   | settle by the marker; none: decide again          |
+
+Refusals are recorded like acceptances, so a command refused once is refused for good,
+however its object changes later and however late it is delivered again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import random
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import msgspec
 import structlog
-from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.persistence import IntegrityError, Mapper
 
-from controlplane.aggregate import Aggregate, Cause, projector
+from controlplane.aggregate import Aggregate, Cause
 from events.api.manifest import decode_object
-from events.codec import Event, EventMapper
+from events.codec import Event, decode, encode
+from events.datastore import (
+    TOPIC_HEADER,
+    AppendConflict,
+    EventLog,
+    OutcomeUnknown,
+    Outgoing,
+    event_headers,
+)
+from events.directget import sequence
 from events.errors import InvalidSpec, VirtbusError
-from events.jetstream import JetStreamApplicationRecorder
-from events.messages import COMMAND_KIND, Command, CommandAccepted, Outcome
+from events.groupcommit import GroupCommit
+from events.messages import COMMAND_KIND, Command, CommandAccepted, CommandRejected, Outcome
 from events.subjects import aggregate_id
+from projections.cluster import VIEW_KINDS
+from projections.follower import read_event
 from projections.views import View
 
 log = structlog.get_logger(__name__)
 
 V = TypeVar("V", bound=View)
 Obj = TypeVar("Obj")
-MAX_ATTEMPTS = 5
+MAX_ATTEMPTS = 10
+"""Decisions of one command that may meet a conflict before it is refused as too busy."""
+CONFLICT_BACKOFF_SECONDS = 0.001
+"""The first pause after a conflict, doubled per attempt, with jitter: two writers that
+keep meeting on one object (replicas across a handover) stop meeting in step."""
+MAX_READS = 256
+"""Objects one decision may read from the log (a scan counts one)."""
 
 
 class Rejected(VirtbusError):
@@ -41,49 +81,128 @@ class Rejected(VirtbusError):
         super().__init__(reason)
 
 
+class _NotLoaded(Exception):
+    """The decision needs an object the memory does not hold (control flow, not an error)."""
+
+    def __init__(self, agg_id: str, view_cls: type[View]) -> None:
+        self.agg_id = agg_id
+        self.view_cls = view_cls
+
+
+class _NotScanned(Exception):
+    """The decision needs every object of a kind (control flow, not an error)."""
+
+    def __init__(self, kind: str, view_cls: type[View]) -> None:
+        self.kind = kind
+        self.view_cls = view_cls
+
+
+class Scan(msgspec.Struct, frozen=True):
+    """Every aggregate of one kind, listed when the log's newest event of that kind was
+    `sequence`: the guard that no object of the kind changed since."""
+
+    ids: list[str]
+    sequence: int
+
+
 def marker_id(command: Command) -> str:
     """The id of a command's marker aggregate, `command._.<id>`."""
     return aggregate_id(COMMAND_KIND, "", command.id)
 
 
 class CommandView(View):
-    """A command's marker aggregate: it exists once the command has been applied."""
+    """A command's marker aggregate: it exists once the command has an outcome."""
 
     def mutate(self, event: Event) -> None:
-        if isinstance(event, CommandAccepted):
-            self.exists = True
+        self.exists = True
 
 
-class VirtbusApplication(Application[str]):
-    """The library Application over events.jetstream, with the msgspec mapper."""
+class Memory:
+    """The writer's objects, each view as of the newest event this process knows of it
+    (`View.last_sequence`). A cache: a stale view costs a conflict, never a wrong write.
 
-    name = "virtbus"
+    Once it has folded the whole log (`complete`: the control loop feeds it every event it
+    replays and follows), an object it lacks is taken as absent without a read; the
+    decision's guard (no event on that object's subject) checks that on the server."""
 
-    def construct_mapper(self) -> Mapper[str]:
-        return EventMapper(transcoder=self.factory.transcoder(), cipher=self.factory.cipher(),
-                           compressor=self.factory.compressor())
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+        self.views: dict[str, View] = {}
+        self.complete = False
+        self._stale: set[str] = set()
 
-    def load(self, agg_id: str, view_cls: type[V]) -> Aggregate[V]:
-        try:
-            found: Aggregate[V] = self.repository.get(agg_id, projector_func=projector(view_cls))
-        except AggregateNotFoundError:
-            return Aggregate(view_cls(agg_id))
-        return found
+    def get(self, agg_id: str, view_cls: type[V]) -> V | None:
+        """The view to decide on, or None when it has to be read from the log first."""
+        view = self.views.get(agg_id)
+        if view is None and self.complete and agg_id not in self._stale:
+            return view_cls(agg_id)
+        return view if isinstance(view, view_cls) else None
+
+    def observe(self, event: Event, sequence: int) -> None:
+        """Fold an event from the log (its own writes come back too, and change nothing)."""
+        view = self.views.get(event.originator_id)
+        if view is None:
+            view_cls = VIEW_KINDS.get(event.originator_id.split(".", 1)[0])
+            if view_cls is None:
+                return
+            view = self.views[event.originator_id] = view_cls(event.originator_id)
+        view.apply(event, sequence)
+
+    async def load(self, agg_id: str, view_cls: type[View]) -> View:
+        """Read the object's events from the log and keep the view folded from them."""
+        layout = self.log.layout
+        view = view_cls(agg_id)
+        for msg in await self.log.read_all(layout.events_stream,
+                                           layout.aggregate_subject(agg_id)):
+            event = read_event(msg)
+            if event is not None:
+                view.apply(event, sequence(msg))
+        self.views[agg_id] = view
+        self._stale.discard(agg_id)
+        return view
+
+    def forget(self, agg_id: str, seen: int) -> None:
+        """Drop a view the server says is stale (unless it moved on since `seen`): the next
+        decision that needs it reads it from the log."""
+        view = self.views.get(agg_id)
+        if view is None or view.last_sequence == seen:
+            self.views.pop(agg_id, None)
+            self._stale.add(agg_id)
 
 
 class Decision:
-    """One attempt at a command: the aggregates it loaded and the events it added."""
+    """One attempt at a command: what it read (at which sequence) and the events it added."""
 
-    def __init__(self, app: VirtbusApplication, command: Command) -> None:
-        self.app = app
+    def __init__(self, memory: Memory, command: Command, scans: dict[str, Scan]) -> None:
+        self.memory = memory
         self.command = command
         self.cause = Cause(command.actor, command.id, command.correlation_id or command.id)
         self.touched: dict[str, Aggregate[Any]] = {}
+        self.seen: dict[str, int] = {}
+        self.scans = scans
+        self.scanned: set[str] = set()
 
     def load(self, agg_id: str, view_cls: type[V]) -> Aggregate[V]:
         if agg_id not in self.touched:
-            self.touched[agg_id] = self.app.load(agg_id, view_cls)
-        return self.touched[agg_id]
+            view = self.memory.get(agg_id, view_cls)
+            if view is None:
+                raise _NotLoaded(agg_id, view_cls)
+            self.touched[agg_id] = Aggregate(view.copy())
+            self.seen[agg_id] = view.last_sequence
+        found: Aggregate[V] = self.touched[agg_id]
+        return found
+
+    def all_existing(self, kind: str, view_cls: type[V]) -> Iterator[Aggregate[V]]:
+        """Every object of `kind` that exists, each loaded when the caller gets to it; the
+        decision then depends on no object of the kind changing (a wildcard guard)."""
+        scan = self.scans.get(kind)
+        if scan is None:
+            raise _NotScanned(kind, view_cls)
+        self.scanned.add(kind)
+        for agg_id in scan.ids:
+            found = self.load(agg_id, view_cls)
+            if found.exists:
+                yield found
 
     def target(self, kind: str, view_cls: type[V]) -> Aggregate[V]:
         """The aggregate the command names (`kind` token, its namespace and name)."""
@@ -102,8 +221,18 @@ class Decision:
         if self.command.manifest is None:
             raise InvalidSpec("manifest", "apply needs the object")
         obj = decode_object(self.command.manifest)
-        assert isinstance(obj, cls)
+        if not isinstance(obj, cls):
+            raise InvalidSpec("kind", f"the command is for a {self.command.kind}, "
+                                      f"the manifest holds a {type(obj).__name__}")
         return obj
+
+    def body(self, cls: type[Obj]) -> Obj:
+        """The command's manifest as `cls` (an internal verb's body), or a refusal naming
+        what does not fit."""
+        try:
+            return msgspec.convert(self.command.manifest or {}, cls)
+        except msgspec.ValidationError as e:
+            raise InvalidSpec("manifest", str(e)) from None
 
     def trigger(self, aggregate: Aggregate[Any], event_cls: type[Event], **fields: Any) -> None:
         aggregate.trigger(self.cause, event_cls, **fields)
@@ -127,81 +256,181 @@ def handles(kind: str, verb: str) -> Callable[[H], H]:
 
 
 class Result:
-    """An outcome and, when accepted, the events with their stream sequences."""
+    """An outcome and, when accepted here and now, the events with their stream sequences."""
 
     def __init__(self, outcome: Outcome, events: list[tuple[int, Event]] | None = None) -> None:
         self.outcome = outcome
         self.events = events or []
 
 
-class CommandHandler:
-    def __init__(self, app: VirtbusApplication) -> None:
-        self.app = app
+class Verdict(msgspec.Struct, frozen=True):
+    """A refusal: what to do about it, and which field it concerns."""
 
-    def execute(self, command: Command, *, check_prior: bool = False) -> Result:
-        """Decide and append once. `check_prior` (commands from clients) answers a command
-        already applied with its first outcome before deciding anything on today's state."""
+    reason: str
+    field: str = ""
+
+
+class CommandHandler:
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+        self.memory = Memory(log)
+        self.commits = GroupCommit(log)
+
+    async def execute(self, command: Command) -> Result:
+        """Decide and record exactly once; a command that already has an outcome gets it.
+
+        Raises only what the log raised while it could not be read or written (the caller
+        leaves the command to be delivered again): never for what the command holds."""
         bound = log.bind(command_id=command.id, kind=command.kind, verb=command.verb,
                          name=command.name, namespace=command.namespace, actor=command.actor,
                          correlation_id=command.correlation_id or command.id)
-        handler = HANDLERS.get((command.kind, command.verb))
-        if handler is None:
-            return self._reject(command, f"{command.kind} does not support {command.verb!r}",
-                                "verb")
-        if check_prior and (prior := self.prior(command)) is not None:
-            bound.info("command already applied")
+        scans: dict[str, Scan] = {}
+        for attempt in range(MAX_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(random.uniform(0, CONFLICT_BACKOFF_SECONDS * 2 ** attempt))
+            decision, verdict = await self._decide(command, scans, bound)
+            batch = self._batch(decision, verdict)
+            try:
+                seqs = await self.commits.publish(batch)
+            except (AppendConflict, OutcomeUnknown) as e:
+                prior = await self.prior(command)
+                if prior is not None:
+                    bound.info("command already has an outcome")
+                    return prior
+                bound.debug("conflict, deciding again on fresh state", error=str(e))
+                for agg_id, seen in decision.seen.items():
+                    self.memory.forget(agg_id, seen)
+                scans.clear()
+                continue
+            return self._recorded(decision, verdict, seqs, bound)
+        return await self.record_refusal(
+            command, Verdict("the object kept changing concurrently; retry"))
+
+    async def record_refusal(self, command: Command, verdict: Verdict) -> Result:
+        """Refuse `command` for good without deciding it (e.g. it claims another actor)."""
+        decision = Decision(self.memory, command, {})
+        try:
+            seqs = await self.commits.publish(self._batch(decision, verdict))
+        except (AppendConflict, OutcomeUnknown):
+            prior = await self.prior(command)
+            if prior is None:
+                raise
             return prior
-        for _attempt in range(MAX_ATTEMPTS):
-            decision = Decision(self.app, command)
+        return self._recorded(decision, verdict, seqs, log.bind(command_id=command.id))
+
+    async def _decide(self, command: Command, scans: dict[str, Scan],
+                      bound: Any) -> tuple[Decision, Verdict | None]:
+        """Run the handler until it needs nothing the memory lacks; its verdict."""
+        handler = HANDLERS.get((command.kind, command.verb))
+        for _read in range(MAX_READS):
+            decision = Decision(self.memory, command, scans)
+            if handler is None:
+                return decision, Verdict(f"{command.kind} does not support {command.verb!r}",
+                                         "verb")
             try:
                 handler(decision)
-            except InvalidSpec as e:
-                bound.info("command rejected", field=e.field, reason=e.rule)
-                return self._reject(command, e.rule, e.field)
-            except Rejected as e:
-                bound.info("command rejected", reason=e.reason)
-                return self._reject(command, e.reason, e.field)
-            events = decision.events
-            if not events:
-                return Result(Outcome(command_id=command.id, accepted=True))
-            marker = Aggregate(CommandView(marker_id(command)))
-            marker.trigger(decision.cause, CommandAccepted, command_id=command.id,
-                           kind=command.kind, verb=command.verb, target=command.name,
-                           event_count=len(events))
-            try:
-                recordings = self.app.save(marker, *decision.touched.values())
-            except IntegrityError:
-                prior = self.prior(command)
-                if prior is not None:
-                    bound.info("command already applied")
-                    return prior
-                bound.debug("conflict, retrying from fresh state")
+            except _NotLoaded as missing:
+                await self.memory.load(missing.agg_id, missing.view_cls)
                 continue
-            seqs = [r.notification.id for r in recordings[1:]]
-            bound.info("command accepted", sequences=seqs)
-            outcome = Outcome(command_id=command.id, accepted=True, sequences=seqs)
-            return Result(outcome, list(zip(seqs, events, strict=True)))
-        return self._reject(command, "the object kept changing concurrently; retry", "")
+            except _NotScanned as missing:
+                scans[missing.kind] = await self._scan(missing.kind, missing.view_cls)
+                continue
+            except InvalidSpec as e:
+                return decision, Verdict(e.rule, e.field)
+            except Rejected as e:
+                return decision, Verdict(e.reason, e.field)
+            except Exception as e:  # a bug met by this command: refuse it, keep serving
+                bound.exception("command could not be decided")
+                return decision, Verdict(f"the control plane could not decide this command "
+                                         f"({type(e).__name__}); it changed nothing")
+            return decision, None
+        return decision, Verdict("the command needs more objects than one decision reads")
 
-    def prior(self, command: Command) -> Result | None:
-        """The outcome of an earlier delivery of this command, from its marker in the log.
+    async def _scan(self, kind: str, view_cls: type[View]) -> Scan:
+        """Every object of `kind`, read fresh, and the sequence they are guarded at."""
+        layout = self.log.layout
+        subject = layout.events_filter(kind)
+        newest = await self.log.last_on(layout.events_stream, subject)
+        root = layout.events_root
+        ids = [s[len(root) + 1:] for s in
+               await self.log.subjects(layout.events_stream, subject)]
+        for agg_id in ids:
+            await self.memory.load(agg_id, view_cls)
+        return Scan(ids, sequence(newest) if newest is not None else 0)
 
-        The marker leads its atomic batch, whose events are stored contiguously, so the
-        command's events are the `event_count` sequences right after it.
+    def _batch(self, decision: Decision, verdict: Verdict | None) -> list[Outgoing]:
+        cmd, layout = decision.command, self.log.layout
+        marker = Aggregate(CommandView(marker_id(cmd)))
+        common = {"command_id": cmd.id, "kind": cmd.kind, "verb": cmd.verb, "target": cmd.name}
+        events = decision.events if verdict is None else []
+        if verdict is None:
+            marker.trigger(decision.cause, CommandAccepted, event_count=len(events), **common)
+        else:
+            marker.trigger(decision.cause, CommandRejected, reason=verdict.reason,
+                           field=verdict.field, **common)
+        out = [_message(layout.aggregate_subject(e.originator_id), e, 0)
+               for e in marker.pending]
+        written: set[str] = set()
+        for event in events:
+            agg_id = event.originator_id
+            first = agg_id not in written
+            written.add(agg_id)
+            out.append(_message(layout.aggregate_subject(agg_id), event,
+                                decision.seen[agg_id] if first else None))
+        for agg_id, seen in decision.seen.items():
+            if agg_id not in written:
+                out.append(Outgoing(layout.guard_subject, b"", {}, seen,
+                                    layout.aggregate_subject(agg_id)))
+        for kind in decision.scanned:
+            out.append(Outgoing(layout.guard_subject, b"", {}, decision.scans[kind].sequence,
+                                layout.events_filter(kind)))
+        return out
+
+    def _recorded(self, decision: Decision, verdict: Verdict | None, seqs: list[int],
+                  bound: Any) -> Result:
+        cmd = decision.command
+        if verdict is not None:
+            bound.info("command rejected", field=verdict.field, reason=verdict.reason)
+            return Result(Outcome(command_id=cmd.id, accepted=False, reason=verdict.reason,
+                                  field=verdict.field))
+        events = decision.events
+        event_seqs = seqs[1:1 + len(events)]
+        for seq, event in zip(event_seqs, events, strict=True):
+            view = decision.touched[event.originator_id].state
+            view.last_sequence = seq
+        for agg in decision.touched.values():
+            if agg.pending:
+                agg.collect_events()
+                self.memory.views[agg.id] = agg.state
+        bound.info("command accepted", sequences=event_seqs)
+        return Result(Outcome(command_id=cmd.id, accepted=True, sequences=event_seqs),
+                      list(zip(event_seqs, events, strict=True)))
+
+    async def prior(self, command: Command) -> Result | None:
+        """The first outcome of this command, from its marker in the log, if it has one.
+
+        An accepted marker leads its atomic batch, whose events are stored contiguously, so
+        the command's events are the `event_count` sequences right after it.
         """
-        recorder = self.app.recorder
-        assert isinstance(recorder, JetStreamApplicationRecorder)
-        position = recorder.last_position(marker_id(command))
-        if position is None:
+        layout = self.log.layout
+        msg = await self.log.last_on(layout.events_stream,
+                                     layout.aggregate_subject(marker_id(command)))
+        if msg is None:
             return None
-        _version, marker_seq = position
-        [stored] = recorder.select_notifications(marker_seq, 1)
-        marker = self.app.mapper.to_domain_event(stored)
-        assert isinstance(marker, CommandAccepted)
-        seqs = list(range(marker_seq + 1, marker_seq + 1 + marker.event_count))
-        return Result(Outcome(command_id=command.id, accepted=True, sequences=seqs))
+        marker = decode((msg.headers or {})[TOPIC_HEADER], msg.data)
+        match marker:
+            case CommandAccepted(event_count=count):
+                first = sequence(msg) + 1
+                return Result(Outcome(command_id=command.id, accepted=True,
+                                      sequences=list(range(first, first + count))))
+            case CommandRejected(reason=reason, field=field):
+                return Result(Outcome(command_id=command.id, accepted=False, reason=reason,
+                                      field=field))
+            case _:
+                raise OutcomeUnknown(f"command {command.id} has a marker of type {marker.TYPE}")
 
-    @staticmethod
-    def _reject(command: Command, reason: str, field: str) -> Result:
-        return Result(Outcome(command_id=command.id, accepted=False, reason=reason, field=field))
 
+def _message(subject: str, event: Event, expect: int | None) -> Outgoing:
+    return Outgoing(subject, encode(event),
+                    event_headers(str(event.id), event.topic(), event.originator_version),
+                    expect)

@@ -48,7 +48,6 @@ from events.hco import (
     hco_id,
     operand_id,
 )
-from events.jetstream import JetStreamApplicationRecorder
 from events.vm import VM_KIND, VirtualMachineDeleted
 from projections.hco import HyperConvergedView, OperandView
 from projections.views import VirtualMachineView, iso
@@ -69,13 +68,10 @@ def load_hco(d_: Decision) -> Aggregate[HyperConvergedView]:
 
 
 def existing_vms(d_: Decision) -> Iterator[Aggregate[VirtualMachineView]]:
-    """Every VM that exists, each loaded only when the caller gets to it."""
-    recorder = d_.app.recorder
-    assert isinstance(recorder, JetStreamApplicationRecorder)
-    for agg in recorder.aggregate_ids(VM_KIND):
-        vm = d_.load(agg, VirtualMachineView)
-        if vm.exists:
-            yield vm
+    """Every VM that exists, each loaded only when the caller gets to it; the decision is
+    then guarded against any VM changing meanwhile (a VM created while the workloads'
+    placement changes: write skew)."""
+    return d_.all_existing(VM_KIND, VirtualMachineView)
 
 
 def status_unchanged(hco: HyperConvergedView, report: StatusReport) -> bool:
@@ -192,7 +188,7 @@ def status(d_: Decision) -> None:
     agg = load_hco(d_)
     if not agg.exists:
         return
-    report = msgspec.convert(d_.command.manifest or {}, StatusReport)
+    report = d_.body(StatusReport)
     old = agg.state
     if status_unchanged(old, report):
         return

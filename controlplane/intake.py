@@ -1,23 +1,49 @@
-"""Intake: commands from clients and reports from node agents, each from a durable consumer,
-each acknowledged only after its outcome is recorded. A crash before the ack redelivers the
-message, and command idempotence makes the second delivery answer, not act."""
+"""Intake: commands from clients and reports from node agents, each from a durable consumer.
+
+Every message is its own task (up to `INTAKE_CONCURRENCY` at once, claimed while worked on),
+isolated from the others:
+
+| the message                                  | then                                        |
+|----------------------------------------------|---------------------------------------------|
+| decides (accepted, no-op or refused)         | outcome recorded in the log, published to   |
+|                                              | the outcomes bucket, acknowledged           |
+| does not decode, or has no usable id         | dead-lettered, terminated                   |
+| the log could not be read or written         | redelivered after a pause; on its           |
+|                                              | `MAX_DELIVER`th delivery, dead-lettered     |
+
+Dead letters go to `<p>.dead.<stream>` (stream `<P>_DEADLETTERS`) with the original subject,
+sequence and the reason in headers: inspectable, counted (`virtbus_dead_letters_total`), and
+logged. Commands for one object keep their arrival order (the writer's turns); a command
+delivered again answers its first outcome from its marker.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.kv import KeyValue
 
-from controlplane.defaults import INTAKE_BATCH
+from controlplane.defaults import (
+    INTAKE_CONCURRENCY,
+    INTAKE_RETRY_SECONDS,
+    MAX_COMMAND_ID_LENGTH,
+    MAX_DELIVER,
+    PULL_EXPIRES_SECONDS,
+    PULL_TOP_UP,
+)
+from controlplane.handling import Verdict
 from controlplane.writer import Writer
-from events.aio import ACK_WAIT_SECONDS, claimed
-from events.messages import Command, NodeReport, Outcome
+from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped
+from events.messages import Command, NodeReport
 from events.subjects import Layout, encode_token
 
 log = structlog.get_logger(__name__)
@@ -29,22 +55,137 @@ _REPORT_IDS = uuid.UUID("5b0e1c77-3f41-5d2e-8a6b-1c9d0e7f2a34")
 _decode_command = msgspec.msgpack.Decoder(Command).decode
 _decode_report = msgspec.msgpack.Decoder(NodeReport).decode
 _encode = msgspec.msgpack.Encoder().encode
+_encode_json = msgspec.json.Encoder().encode
 
 
-async def _consume(nc: Client, stream: str, subject: str, durable: str, *,
-                   handle: Callable[[Msg], Awaitable[None]], stop: asyncio.Event) -> None:
-    js = nc.jetstream()
-    sub = await js.pull_subscribe(subject, durable=durable, stream=stream, config=ConsumerConfig(
-        ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_SECONDS, max_ack_pending=1000))
-    while not stop.is_set():
+class DeadLetter(Exception):
+    """This message can never be handled: say why, park it, and go on."""
+
+
+class Consumer:
+    """One durable pull consumer worked by many tasks at once, each message isolated."""
+
+    def __init__(self, nc: Client, layout: Layout, *, stream: str, subject: str,
+                 durable: str, work: Callable[[Msg], Awaitable[None]]) -> None:
+        self.nc = nc
+        self.layout = layout
+        self.stream = stream
+        self.subject = subject
+        self.durable = durable
+        self.work = work
+        self.dead_letters = 0
+        self._asked = 0
+        """Messages asked for with pull requests and not yet delivered."""
+        self._running: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Keep pull requests outstanding for as many messages as there are free places,
+        and start each message's task the moment it arrives (nats-py's `fetch` waits for
+        the whole batch or its timeout, which held arrived commands back for a second)."""
+        config = ConsumerConfig(durable_name=self.durable, ack_policy=AckPolicy.EXPLICIT,
+                                ack_wait=ACK_WAIT_SECONDS, max_deliver=MAX_DELIVER,
+                                max_ack_pending=INTAKE_CONCURRENCY * 4,
+                                filter_subject=self.subject)
+        await self.nc.jetstream().add_consumer(self.stream, config)  # or brings it up to date
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox, cb=self._arrived)
+        pull = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}"
         try:
-            msgs = await sub.fetch(INTAKE_BATCH, timeout=1.0)
-        except TimeoutError:
-            continue
-        for msg in msgs:
+            while not stop.is_set():
+                want = INTAKE_CONCURRENCY - len(self._running) - self._asked
+                if want >= PULL_TOP_UP or (want > 0 and self._asked == 0):
+                    request = {"batch": want, "expires": int(PULL_EXPIRES_SECONDS * 1e9)}
+                    try:
+                        await self.nc.publish(pull, _encode_json(request), reply=inbox)
+                        self._asked += want
+                    except NatsError as e:
+                        log.warning("intake could not ask for work; retrying",
+                                    stream=self.stream, error=str(e) or type(e).__name__)
+                        await pause_unless_stopped(stop, INTAKE_RETRY_SECONDS)
+                        continue
+                self._wake.clear()
+                woke = await _first(self._wake.wait(), stop.wait(),
+                                    timeout=PULL_EXPIRES_SECONDS + 1)
+                if not woke:  # no word from the server for a whole pull: ask afresh
+                    self._asked = 0
+        finally:
+            await sub.unsubscribe()
+            await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def _arrived(self, msg: Msg) -> None:
+        """A message, or the server's word that a pull ended (expired, or cut short)."""
+        headers = msg.headers or {}
+        if "Status" in headers:
+            pending = headers.get("Nats-Pending-Messages")
+            self._asked = max(0, self._asked - int(pending)) if pending else 0
+        else:
+            self._asked = max(0, self._asked - 1)
+            task = asyncio.ensure_future(self._one(msg))
+            self._running.add(task)
+            task.add_done_callback(self._finished)
+        self._wake.set()
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._wake.set()
+
+    async def _one(self, msg: Msg) -> None:
+        try:
             async with claimed(msg):
-                await handle(msg)
+                await self.work(msg)
             await msg.ack()
+        except DeadLetter as e:
+            await self._dead_letter(msg, str(e))
+        except Exception as e:  # the log or the connection failed this time: again later
+            delivered = msg.metadata.num_delivered
+            if delivered >= MAX_DELIVER:
+                await self._dead_letter(msg, f"failed {delivered} times, last: {e!r}")
+                return
+            log.warning("intake message failed; it will be delivered again",
+                        subject=msg.subject, delivered=delivered, error=repr(e))
+            await _quietly(msg.nak(delay=INTAKE_RETRY_SECONDS))
+
+    async def _dead_letter(self, msg: Msg, reason: str) -> None:
+        self.dead_letters += 1
+        meta = msg.metadata
+        log.warning("message dead-lettered", stream=self.stream, subject=msg.subject,
+                    sequence=meta.sequence.stream, reason=reason,
+                    dead_letters_total=self.dead_letters)
+        headers = {"Vb-Subject": msg.subject, "Vb-Sequence": str(meta.sequence.stream),
+                   "Vb-Reason": reason[:1000],
+                   "Nats-Msg-Id": f"dead:{self.stream}:{meta.sequence.stream}"}
+        await _quietly(self.nc.jetstream().publish(
+            self.layout.dead_letter_subject(self.stream), msg.data, headers=headers))
+        await _quietly(msg.term())
+
+
+async def _first(*waits: Coroutine[Any, Any, object], timeout: float) -> bool:
+    """Wait until the first of `waits` is done (the others are cancelled); False on timeout."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    done, pending = await asyncio.wait(tasks, timeout=timeout,
+                                       return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    return bool(done)
+
+
+async def _quietly(action: Awaitable[object]) -> None:
+    """An ack-side call whose failure only means the message comes back: logged, not raised."""
+    try:
+        await action
+    except (NatsError, TimeoutError) as e:
+        log.warning("intake could not settle a message", error=repr(e))
+
+
+def decode_command(msg: Msg) -> Command:
+    try:
+        command = _decode_command(msg.data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise DeadLetter(f"not a command: {e}") from None
+    if not 0 < len(command.id) <= MAX_COMMAND_ID_LENGTH:
+        raise DeadLetter(f"id: must be 1 to {MAX_COMMAND_ID_LENGTH} characters")
+    return command
 
 
 class CommandIntake:
@@ -52,27 +193,25 @@ class CommandIntake:
         self.nc = nc
         self.layout = layout
         self.writer = writer
+        self.outcomes: KeyValue | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         self.outcomes = await self.nc.jetstream().key_value(self.layout.outcomes_bucket)
-        await _consume(self.nc, self.layout.commands_stream, self.layout.commands_filter,
-                       COMMANDS_CONSUMER, handle=self.handle, stop=stop)
+        await Consumer(self.nc, self.layout, stream=self.layout.commands_stream,
+                       subject=self.layout.commands_filter, durable=COMMANDS_CONSUMER,
+                       work=self.handle).run(stop)
 
     async def handle(self, msg: Msg) -> None:
-        try:
-            command = _decode_command(msg.data)
-        except msgspec.DecodeError as e:
-            log.warning("undecodable command dropped", subject=msg.subject, error=str(e))
-            return
-        key = encode_token(command.id)
+        command = decode_command(msg)
         actor = self.layout.command_actor(msg.subject)
         if command.actor != actor:
-            outcome = Outcome(command_id=command.id, accepted=False, field="actor",
-                              reason=f"actor {command.actor!r} does not match the subject's "
-                                     f"{actor!r}")
+            verdict = Verdict(f"actor {command.actor!r} does not match the subject's {actor!r}",
+                              "actor")
+            result = await self.writer.handler.record_refusal(command, verdict)
         else:
-            outcome = (await self.writer.execute(command, check_prior=True)).outcome
-        await self.outcomes.put(key, _encode(outcome))
+            result = await self.writer.execute(command)
+        assert self.outcomes is not None, "run() binds the bucket first"
+        await self.outcomes.put(encode_token(command.id), _encode(result.outcome))
 
 
 class ReportIntake:
@@ -84,15 +223,15 @@ class ReportIntake:
         self.writer = writer
 
     async def run(self, stop: asyncio.Event) -> None:
-        await _consume(self.nc, self.layout.reports_stream, self.layout.reports_filter,
-                       REPORTS_CONSUMER, handle=self.handle, stop=stop)
+        await Consumer(self.nc, self.layout, stream=self.layout.reports_stream,
+                       subject=self.layout.reports_filter, durable=REPORTS_CONSUMER,
+                       work=self.handle).run(stop)
 
     async def handle(self, msg: Msg) -> None:
         try:
             report = _decode_report(msg.data)
-        except msgspec.DecodeError as e:
-            log.warning("undecodable report dropped", subject=msg.subject, error=str(e))
-            return
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise DeadLetter(f"not a node report: {e}") from None
         command = report_command(report)
         if command is not None:
             result = await self.writer.execute(command)

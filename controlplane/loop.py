@@ -54,12 +54,14 @@ class ControlLoop:
 
     async def _on_event(self, sequence: int, event: Event) -> None:
         self.state.apply(event, sequence)
+        self.writer.handler.memory.observe(event, sequence)
         await self.dispatcher.on_event(sequence, event, self.state)
         if self.live.is_set():
             for controller in self.controllers:
                 await self.execute(controller.on_event(self.state, event))
 
     async def _caught_up(self) -> None:
+        self.writer.handler.memory.complete = True
         await self.dispatcher.flush()
         log.info("control loop live", sequence=self.state.last_sequence,
                  objects=len(self.state.views))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import msgspec
-
 from controlplane.aggregate import Aggregate
 from controlplane.handling import Decision, Rejected, handles
 from events.api.node import NodeInfo
@@ -21,7 +19,7 @@ def load_node(d: Decision) -> Aggregate[NodeView]:
 @handles(KIND, "register")
 def register(d: Decision) -> None:
     """An agent's host description: registers the node, or records what changed."""
-    info = msgspec.convert(d.command.manifest or {}, NodeInfo)
+    info = d.body(NodeInfo)
     node = load_node(d)
     if not node.exists:
         d.trigger(node, NodeRegistered, info=info)

@@ -14,7 +14,6 @@ from controlplane.intake import CommandIntake, ReportIntake
 from controlplane.lease import Lease
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
-from events.codec import prepare_decoders
 from events.connect import connect
 from events.streams import ensure_all
 from events.subjects import Layout
@@ -43,8 +42,7 @@ async def serve(nats_url: str, layout: Layout, *, replicas: int = 1,
         await event.wait()
         halt.set()
 
-    prepare_decoders()  # before the writer's thread exists
-    writer = Writer(nats_url, layout)
+    writer = Writer(nc, layout)
     loop = ControlLoop(nc, layout, writer, node_grace_seconds)
     log.info("control plane started", nats_url=nats_url, prefix=layout.prefix)
     watchers = [asyncio.ensure_future(halt_on(e)) for e in (stop, lost)]
@@ -58,7 +56,6 @@ async def serve(nats_url: str, layout: Layout, *, replicas: int = 1,
     finally:
         for w in watchers:  # also when a part failed: no task left pending at loop close
             w.cancel()
-        writer.close()
         await nc.close()
     return not lost.is_set()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 
-import msgspec
 import structlog
 
 from controlplane.aggregate import Aggregate
@@ -70,9 +69,8 @@ def create_for_vm(d: Decision) -> None:
     cmd = d.command
     vm = d.load(aggregate_id(VM_KIND, cmd.namespace, cmd.name), VirtualMachineView)
     vmi = load_vmi(d)
-    if not vm.exists or not vm.state.wants_running or vmi.exists:
+    if not vm.exists or not vm.state.wants_running or vmi.exists or vm.state.spec is None:
         raise Rejected("no longer needed")
-    assert vm.state.spec is not None
     template = vm.state.spec.template
     try:
         admit_by_feature_gates(d, template.spec, VMI_SPEC_PATH)
@@ -114,10 +112,9 @@ def delete(d: Decision) -> None:
     vmi = existing_vmi(d)
     if vmi.state.deletion_requested_at is not None:
         return
-    assert vmi.state.spec is not None
     grace = d.command.grace_period_seconds
     if grace is None:
-        grace = vmi.state.spec.grace_period_seconds
+        grace = vmi.state.spec.grace_period_seconds if vmi.state.spec is not None else 0
     d.trigger(vmi, VirtualMachineInstanceDeletionRequested, grace_period_seconds=grace)
     if not vmi.state.node or vmi.state.phase in TERMINAL_PHASES:
         # Nothing runs anywhere: no node has to stop it, so it is gone at once.
@@ -127,7 +124,7 @@ def delete(d: Decision) -> None:
 @handles(KIND, "observe")
 def observe(d: Decision) -> None:
     """A node's report of a domain, turned into phase changes and final deletion."""
-    obs = msgspec.convert(d.command.manifest or {}, DomainObservation)
+    obs = d.body(DomainObservation)
     vmi = load_vmi(d)
     state = vmi.state
     if not vmi.exists or state.uid != obs.uid:

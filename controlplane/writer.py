@@ -1,17 +1,26 @@
-"""The control plane's one writer: every command, from a client or a controller, runs here,
-one at a time, on a thread of its own (the `eventsourcing` library is synchronous)."""
+"""The control plane's one writer: every command, from a client, a node report or a
+controller, is decided and recorded here, on the process's own event loop.
+
+Commands for one object run in the order they arrive; commands for different objects run
+concurrently, their appends pipelined on one connection. Nothing here is bound to a thread:
+a decision is CPU on the loop, everything else is awaiting the server.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-from concurrent.futures import ThreadPoolExecutor
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from nats.aio.client import Client
 
 import controlplane.hco_commands
 import controlplane.node_commands
 import controlplane.vm_commands
 import controlplane.vmi_commands
-from controlplane.handling import CommandHandler, Result, VirtbusApplication
+from controlplane.handling import CommandHandler, Result
+from events.datastore import EventLog
 from events.messages import Command
 from events.subjects import Layout
 
@@ -20,25 +29,45 @@ HANDLER_MODULES = (controlplane.vm_commands, controlplane.vmi_commands,
 """Imported for their `@handles` registrations."""
 
 
-def application(nats_url: str, layout: Layout) -> VirtbusApplication:
-    return VirtbusApplication(env={
-        "PERSISTENCE_MODULE": "events.jetstream",
-        "NATS_URL": nats_url,
-        "VIRTBUS_PREFIX": layout.prefix,
-    })
+def target_key(command: Command) -> str:
+    """The object a command is about, as far as its envelope (or an apply's manifest) says:
+    commands with one key are decided one after another, in arrival order."""
+    namespace, name = command.namespace, command.name
+    manifest: Any = command.manifest
+    if command.verb == "apply" and isinstance(manifest, dict):
+        meta = manifest.get("metadata")
+        if isinstance(meta, dict):
+            namespace = str(meta.get("namespace", namespace))
+            name = str(meta.get("name", name))
+    return f"{command.kind}/{namespace}/{name}"
+
+
+class Turns:
+    """One FIFO lock per key, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def of(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
 
 
 class Writer:
-    def __init__(self, nats_url: str, layout: Layout) -> None:
-        self.app = application(nats_url, layout)
-        self.handler = CommandHandler(self.app)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="writer")
+    def __init__(self, nc: Client, layout: Layout) -> None:
+        self.handler = CommandHandler(EventLog(nc, layout))
+        self._turns = Turns()
 
-    async def execute(self, command: Command, *, check_prior: bool = False) -> Result:
-        loop = asyncio.get_running_loop()
-        run = functools.partial(self.handler.execute, command, check_prior=check_prior)
-        return await loop.run_in_executor(self._pool, run)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-        self.app.factory.close()
+    async def execute(self, command: Command) -> Result:
+        async with self._turns.of(target_key(command)):
+            return await self.handler.execute(command)

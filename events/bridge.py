@@ -18,7 +18,9 @@ from events.connect import connect
 
 T = TypeVar("T")
 
-DEFAULT_TIMEOUT = 30.0
+DEFAULT_TIMEOUT = 120.0
+"""Longer than any store call's own worst case (an append's attempts, each bounded by its ack
+timeout), so the bridge gives up only on work that is truly stuck."""
 
 
 class NatsBridge:
@@ -49,7 +51,12 @@ class NatsBridge:
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("NatsBridge.run() called from its own loop thread")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            future.cancel()  # what the caller abandons (a timeout, an interrupt) stops too
+            raise
 
     def close(self) -> None:
         """Close the connection, cancel whatever callers still wait on, stop the loop."""

@@ -1,13 +1,27 @@
-"""The JetStream side of the event store: one connection, what appends have learned, and the
-atomic append itself. `events.jetstream` wraps it in the `eventsourcing` recorder classes.
+"""The JetStream side of the event store: reads, what appends have learned, and the atomic
+append itself, in two layers.
 
-An append groups events by aggregate subject, expects each subject's last sequence (from a
-cached hint, refreshed when the server says it is stale), and publishes one atomic batch.
-A version that already exists, in the store or twice in one append, is `IntegrityError`.
+`EventLog` is asyncio on the caller's own connection: the control plane's writer publishes
+batches through it with exact expectations (`Outgoing.expect`: "this subject's last sequence
+is still the one my decision read"), and every answer the server can give is mapped:
+
+| server answer                                    | raised             | the writer then        |
+|--------------------------------------------------|--------------------|------------------------|
+| 10071 wrong last sequence, 10158 / 10164 a       | `AppendConflict`   | decides again on fresh |
+| clustered twin of it, 10201 / duplicate id       |                    | state, or answers the  |
+|                                                  |                    | command's first outcome|
+| 10210 too many atomic batches in flight          | (retried here, after a short pause)         |
+| no ack (timeout, lost connection, no responders) | `OutcomeUnknown`   | settles by the marker  |
+| anything else                                    | `PersistenceError` | rejects the command    |
+
+`JetStreamDatastore` adds the synchronous bridge for the `eventsourcing` recorders
+(`events.jetstream`); its `append` keeps the library's semantics: versions, with the
+expected sequence taken from a cached hint and refreshed when the server says it is stale.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from collections.abc import Sequence
@@ -21,7 +35,9 @@ from eventsourcing.persistence import (
     StoredEvent,
     Tracking,
 )
+from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 
 from events.bridge import NatsBridge
 from events.codec import event_id
@@ -41,8 +57,45 @@ ACK_TIMEOUT: Final = 10.0
 """How long an append waits for JetStream's ack before it counts as failed."""
 TOPIC_HEADER: Final = "Vb-Topic"
 VERSION_HEADER: Final = "Vb-Version"
-_WRONG_LAST_SEQUENCE: Final = 10071
-_BATCH_DUPLICATE_ID: Final = 10201
+EXPECTED_SEQUENCE_HEADER: Final = "Nats-Expected-Last-Subject-Sequence"
+EXPECTED_SUBJECT_HEADER: Final = "Nats-Expected-Last-Subject-Sequence-Subject"
+STALE_SEQUENCE_CODES: Final = frozenset({
+    10071,  # wrong last sequence
+    10164,  # the clustered form of a wrong last sequence
+})
+CONFLICT_CODES: Final = STALE_SEQUENCE_CODES | {
+    10158,  # duplicate message id is in process (a racing writer, clustered)
+    10201,  # atomic batch holds a message id already stored (the version exists)
+}
+TOO_MANY_INFLIGHT: Final = 10210
+INFLIGHT_PAUSE_SECONDS: Final = 0.005
+"""How long an append waits before offering a batch the server refused as one too many."""
+MAX_INFLIGHT_RETRIES: Final = 400
+
+
+class AppendConflict(IntegrityError):
+    """Something the append expected has changed: a subject moved on (`stale_sequence`), or
+    a version it writes exists already (a duplicate id)."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.stale_sequence = code in STALE_SEQUENCE_CODES
+
+
+class OutcomeUnknown(PersistenceError):
+    """No answer came for an append: it may or may not be stored. Whoever made it settles
+    it by reading (the command's marker), never by assuming either way."""
+
+
+class Outgoing(msgspec.Struct, frozen=True):
+    """One message of an atomic batch. `expect` is the last sequence its subject (or
+    `expect_subject`, which may be a wildcard) must still have; None expects nothing."""
+
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    expect: int | None = None
+    expect_subject: str = ""
 
 
 class _ApiError(msgspec.Struct):
@@ -69,47 +122,32 @@ class StreamSpace(msgspec.Struct, frozen=True):
     root: str
 
 
-class JetStreamDatastore:
-    """One NATS connection (through the bridge), the layout, and what appends have learned.
+class EventLog:
+    """The store on one asyncio NATS connection: reads, and atomic batches.
 
     `_last` remembers, per subject, the newest (version, sequence) this process has seen, so
-    an append after a read needs no extra round trip. It is only a hint: the server checks
-    the expected sequence, and a stale hint costs one refresh, never a wrong write.
+    a library append after a read needs no extra round trip. It is only a hint: the server
+    checks the expected sequence, and a stale hint costs one refresh, never a wrong write.
     """
 
-    def __init__(self, url: str, layout: Layout) -> None:
+    def __init__(self, nc: Client, layout: Layout) -> None:
+        self.nc = nc
         self.layout = layout
-        self.bridge = NatsBridge(url, name=f"{layout.prefix}-store")
-        self.js = self.bridge.nc.jetstream()
+        self.js = nc.jetstream()
         self._last: dict[str, tuple[int, int]] = {}
-        self._ensured: set[str] = set()
-        self._lock = threading.Lock()
         self.events = StreamSpace(layout.events_stream, layout.events_root)
         self.snapshots = StreamSpace(layout.snapshots_stream, layout.snapshots_root)
-
-    def ensure(self, space: StreamSpace) -> None:
-        """Create `space`'s stream if it is missing, once per process; never reconfigure it."""
-        with self._lock:
-            if space.stream in self._ensured:
-                return
-            config = (events_stream_config(self.layout) if space == self.events
-                      else snapshots_stream_config(self.layout))
-            self.bridge.run(create_stream_if_missing(self.js, config))
-            self._ensured.add(space.stream)
-
-    def close(self) -> None:
-        self.bridge.close()
 
     # -- reads -------------------------------------------------------------------------
 
     async def direct_batch(self, stream: str, start: int, limit: int, subject: str) -> list[Msg]:
-        return await direct_batch(self.bridge.nc, stream, start, limit, subject)
+        return await direct_batch(self.nc, stream, start, limit, subject)
 
     async def read_all(self, stream: str, subject: str) -> list[Msg]:
-        return await read_all(self.bridge.nc, stream, subject)
+        return await read_all(self.nc, stream, subject)
 
     async def last_on(self, stream: str, subject: str) -> Msg | None:
-        return await last_on(self.bridge.nc, stream, subject)
+        return await last_on(self.nc, stream, subject)
 
     async def subjects(self, stream: str, subject_filter: str) -> list[str]:
         """The subjects holding messages under `subject_filter`, from the stream's state."""
@@ -131,7 +169,77 @@ class JetStreamDatastore:
         self._last[subject] = last
         return last
 
-    # -- appends -----------------------------------------------------------------------
+    # -- the atomic batch --------------------------------------------------------------
+
+    async def publish(self, messages: Sequence[Outgoing]) -> list[int]:
+        """Store `messages` atomically, in their order, each subject's expectation checked
+        by the server; their stream sequences. See the module's table for the errors."""
+        for _attempt in range(MAX_INFLIGHT_RETRIES):
+            ack = await self._send(messages)
+            if ack.error is None and not ack.duplicate:
+                first = ack.seq - ack.count + 1
+                return list(range(first, first + len(messages)))
+            code = ack.error.err_code if ack.error else 0
+            if ack.duplicate or code in CONFLICT_CODES:
+                raise AppendConflict(ack.error.description if ack.error else "duplicate", code)
+            if code != TOO_MANY_INFLIGHT:
+                raise PersistenceError(f"append refused: {ack.error}")
+            await asyncio.sleep(INFLIGHT_PAUSE_SECONDS)  # back-off the server asked for
+        raise OutcomeUnknown("the server kept refusing the batch as one too many in flight")
+
+    async def _send(self, messages: Sequence[Outgoing]) -> _PubAck:
+        nc = self.nc
+        batch = uuid.uuid4().hex
+        last = len(messages)
+        try:
+            for n, out in enumerate(messages, 1):
+                headers = dict(out.headers)
+                if out.expect is not None:
+                    headers[EXPECTED_SEQUENCE_HEADER] = str(out.expect)
+                    if out.expect_subject:
+                        headers[EXPECTED_SUBJECT_HEADER] = out.expect_subject
+                if last == 1:
+                    reply = await nc.request(out.subject, out.data, headers=headers,
+                                             timeout=ACK_TIMEOUT)
+                    return _decode_ack(reply.data)
+                headers["Nats-Batch-Id"] = batch
+                headers["Nats-Batch-Sequence"] = str(n)
+                if n < last:
+                    await nc.publish(out.subject, out.data, headers=headers)
+                    continue
+                headers["Nats-Batch-Commit"] = "1"
+                reply = await nc.request(out.subject, out.data, headers=headers,
+                                         timeout=ACK_TIMEOUT)
+                return _decode_ack(reply.data)
+        except (TimeoutError, NatsError) as e:
+            raise OutcomeUnknown(f"no answer to an append: {e!r}") from e
+        raise ProgrammingError("an append needs at least one message")
+
+
+class JetStreamDatastore(EventLog):
+    """The event log behind the `eventsourcing` recorders: its own connection, on a
+    bridge thread, with the library's append semantics (versions, hinted expectations)."""
+
+    def __init__(self, url: str, layout: Layout) -> None:
+        self.bridge = NatsBridge(url, name=f"{layout.prefix}-store")
+        super().__init__(self.bridge.nc, layout)
+        self._ensured: set[str] = set()
+        self._lock = threading.Lock()
+
+    def ensure(self, space: StreamSpace) -> None:
+        """Create `space`'s stream if it is missing, once per process; never reconfigure it."""
+        with self._lock:
+            if space.stream in self._ensured:
+                return
+            config = (events_stream_config(self.layout) if space == self.events
+                      else snapshots_stream_config(self.layout))
+            self.bridge.run(create_stream_if_missing(self.js, config))
+            self._ensured.add(space.stream)
+
+    def close(self) -> None:
+        self.bridge.close()
+
+    # -- the library's append ----------------------------------------------------------
 
     async def append(
         self,
@@ -139,7 +247,7 @@ class JetStreamDatastore:
         stored_events: Sequence[StoredEvent],
         tracking: Tracking | None = None,
     ) -> list[int]:
-        """Append atomically; return the stream sequences of `stored_events`."""
+        """Append atomically; the stream sequences of `stored_events`, in their order."""
         groups = _group_by_subject(space.root, stored_events)
         tracking_subject = (
             self.layout.tracking_subject(tracking.application_name) if tracking else None
@@ -158,10 +266,11 @@ class JetStreamDatastore:
                         f"{events[0].originator_id} already has version {last[0]}"
                     )
                 expected[subject] = last[1] if last else 0
-            messages = [
-                (subject, s.state, _event_headers(s)) for subject, evs in groups.items()
-                for s in evs
-            ]
+            messages: list[Outgoing] = []
+            for s in stored_events:
+                subject = aggregate_subject(space.root, s.originator_id)
+                messages.append(Outgoing(subject, s.state, _event_headers(s),
+                                         expected.pop(subject, None)))
             if tracking is not None and tracking_subject is not None:
                 last = self._last.get(tracking_subject)
                 if last is not None and tracking.notification_id <= last[0]:
@@ -169,47 +278,20 @@ class JetStreamDatastore:
                         f"tracking {tracking.application_name} is at {last[0]}, "
                         f"not below {tracking.notification_id}"
                     )
-                expected[tracking_subject] = last[1] if last else 0
-                messages.append((tracking_subject, b"", _tracking_headers(tracking)))
-            ack = await self._publish(messages, expected)
-            if ack.error is None and not ack.duplicate:
-                first = ack.seq - ack.count + 1
-                seqs = list(range(first, first + len(messages)))
-                for (subject, _state, headers), seq in zip(messages, seqs, strict=True):
-                    self.remember(subject, int(headers[VERSION_HEADER]), seq)
-                return seqs[: len(stored_events)]
-            if ack.duplicate or (ack.error and ack.error.err_code == _BATCH_DUPLICATE_ID):
-                raise IntegrityError("an event with this aggregate version was already recorded")
-            if ack.error and ack.error.err_code == _WRONG_LAST_SEQUENCE:
-                stale = set(expected)
+                messages.append(Outgoing(tracking_subject, b"", _tracking_headers(tracking),
+                                         last[1] if last else 0))
+            try:
+                seqs = await self.publish(messages)
+            except AppendConflict as e:
+                if not e.stale_sequence:
+                    raise IntegrityError(
+                        "an event with this aggregate version was already recorded") from e
+                stale = {m.subject for m in messages if m.expect is not None}
                 continue
-            raise PersistenceError(f"append refused: {ack.error}")
+            for message, seq in zip(messages, seqs, strict=True):
+                self.remember(message.subject, int(message.headers[VERSION_HEADER]), seq)
+            return seqs[: len(stored_events)]
         raise IntegrityError("append kept racing concurrent writers; retry from fresh state")
-
-    async def _publish(
-        self, messages: list[tuple[str, bytes, dict[str, str]]], expected: dict[str, int]
-    ) -> _PubAck:
-        nc = self.bridge.nc
-        seen: set[str] = set()
-        for subject, _state, headers in messages:
-            if subject not in seen:
-                seen.add(subject)
-                headers["Nats-Expected-Last-Subject-Sequence"] = str(expected[subject])
-        if len(messages) == 1:
-            subject, state, headers = messages[0]
-            reply = await nc.request(subject, state, headers=headers, timeout=ACK_TIMEOUT)
-            return _decode_ack(reply.data)
-        batch = uuid.uuid4().hex
-        last = len(messages)
-        for n, (subject, state, headers) in enumerate(messages, 1):
-            headers["Nats-Batch-Id"] = batch
-            headers["Nats-Batch-Sequence"] = str(n)
-            if n < last:
-                await nc.publish(subject, state, headers=headers)
-        subject, state, headers = messages[-1]
-        headers["Nats-Batch-Commit"] = "1"
-        reply = await nc.request(subject, state, headers=headers, timeout=ACK_TIMEOUT)
-        return _decode_ack(reply.data)
 
 
 def _group_by_subject(
@@ -226,12 +308,15 @@ def _group_by_subject(
     return groups
 
 
+def event_headers(msg_id: str, topic: str, version: int) -> dict[str, str]:
+    """The headers every stored event carries: its id (which dedupes a retried publish),
+    its stable topic and its aggregate version."""
+    return {"Nats-Msg-Id": msg_id, TOPIC_HEADER: topic, VERSION_HEADER: str(version)}
+
+
 def _event_headers(s: StoredEvent) -> dict[str, str]:
-    return {
-        "Nats-Msg-Id": str(event_id(s.originator_id, s.originator_version)),
-        TOPIC_HEADER: s.topic,
-        VERSION_HEADER: str(s.originator_version),
-    }
+    return event_headers(str(event_id(s.originator_id, s.originator_version)), s.topic,
+                         s.originator_version)
 
 
 def _tracking_headers(t: Tracking) -> dict[str, str]:

@@ -49,15 +49,29 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
 
 @event_type("CommandAccepted")
 class CommandAccepted(Event, frozen=True, kw_only=True):
-    """Appended in the same atomic batch as a command's events; its aggregate,
-    `command._.<id>`, may exist once, which is what makes commands idempotent."""
+    """A command's outcome, appended in the same atomic batch as its events. Its aggregate,
+    `command._.<id>`, may exist once: what makes every command's first outcome final."""
 
     command_id: str
     kind: str
     verb: str
     target: str
     event_count: int = 0
-    """How many events follow the marker in its batch: the command's outcome, re-readable."""
+    """How many events follow the marker in its batch: the command's outcome, re-readable.
+    0 is an accepted no-op."""
+
+
+@event_type("CommandRejected")
+class CommandRejected(Event, frozen=True, kw_only=True):
+    """A command's outcome when it was refused: on the same once-only aggregate as
+    `CommandAccepted`, so a later delivery of the command answers this, never decides again."""
+
+    command_id: str
+    kind: str
+    verb: str
+    target: str
+    reason: str
+    field: str = ""
 
 
 NodeVerb = Literal["launch", "stop", "pause", "unpause", "restart"]

@@ -21,6 +21,7 @@ from events.subjects import Layout
 
 EVENT_DEDUPE_WINDOW: Final = 10 * 60.0
 COMMAND_RETENTION: Final = 7 * 24 * 3600.0
+DEAD_LETTER_RETENTION: Final = 30 * 24 * 3600.0
 NODE_DEDUPE_WINDOW: Final = 60 * 60.0
 HEARTBEAT_TTL: Final = 60.0
 """Heartbeat entries outlive any grace period; staleness is judged by the control plane."""
@@ -31,7 +32,7 @@ LEASE_TTL: Final = 10.0
 def events_stream_config(layout: Layout, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
         name=layout.events_stream,
-        subjects=[layout.events_filter(), f"{layout.tracking_root}.>"],
+        subjects=[layout.events_filter(), f"{layout.tracking_root}.>", layout.guard_subject],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         deny_delete=True,
@@ -70,6 +71,14 @@ def _stream_configs(layout: Layout, replicas: int) -> list[StreamConfig]:
             subjects=[f"{layout.prefix}.node.>"],
             retention=RetentionPolicy.WORK_QUEUE,
             duplicate_window=NODE_DEDUPE_WINDOW,
+            num_replicas=replicas,
+        ),
+        StreamConfig(
+            name=layout.dead_letter_stream,
+            subjects=[f"{layout.prefix}.dead.>"],
+            retention=RetentionPolicy.LIMITS,
+            max_age=DEAD_LETTER_RETENTION,
+            allow_direct=True,
             num_replicas=replicas,
         ),
         StreamConfig(
@@ -114,6 +123,7 @@ async def ensure_all(js: JetStreamContext, layout: Layout, replicas: int = 1) ->
         KeyValueConfig(bucket=layout.checkpoints_bucket, replicas=replicas),
         KeyValueConfig(bucket=layout.outcomes_bucket, ttl=COMMAND_RETENTION,
                        replicas=replicas),
+        KeyValueConfig(bucket=layout.applied_bucket, replicas=replicas),
     ]
     for bucket in buckets:
         await ensure_bucket(js, bucket)

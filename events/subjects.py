@@ -8,7 +8,7 @@ Layout (prefix `p`, upper-cased `P` for stream and bucket names):
 | command stream   | `P_COMMANDS`, subjects `p.cmd.>`       |
 | node work queue  | `P_NODE`, subjects `p.node.>`          |
 | report queue     | `P_REPORTS`, subjects `p.report.>`     |
-| KV buckets       | `P_HEARTBEATS`, `P_LEASES`, `P_CHECKPOINTS`, `P_OUTCOMES` |
+| KV buckets       | `P_HEARTBEATS`, `P_LEASES`, `P_CHECKPOINTS`, `P_OUTCOMES`, `P_APPLIED` |
 
 Aggregate ids are strings `<kind>.<namespace>.<name>` whose tokens are subject-safe, so an
 aggregate's events live on the subject `p.ev.<aggregate id>`; UUID ids (the library's own
@@ -108,6 +108,11 @@ class Layout(msgspec.Struct, frozen=True):
     def outcomes_bucket(self) -> str:
         return f"{self.upper}_OUTCOMES"
 
+    @property
+    def applied_bucket(self) -> str:
+        """Node work each agent has applied, under keys `<node>.…` (see `nodeagent.worklog`)."""
+        return f"{self.upper}_APPLIED"
+
     # subjects
     @property
     def tracking_root(self) -> str:
@@ -129,6 +134,21 @@ class Layout(msgspec.Struct, frozen=True):
     @property
     def events_root(self) -> str:
         return f"{self.prefix}.ev"
+
+    @property
+    def dead_letter_stream(self) -> str:
+        return f"{self.upper}_DEADLETTERS"
+
+    def dead_letter_subject(self, stream: str) -> str:
+        """Where a message of `stream` that can never be handled is kept for operators."""
+        return f"{self.prefix}.dead.{encode_token(stream)}"
+
+    @property
+    def guard_subject(self) -> str:
+        """Where a command's read guards go: empty messages in its atomic batch, each
+        expecting an object the decision read (not wrote) to be unchanged. Outside
+        `events_root`, so no reader of the log ever sees them."""
+        return f"{self.prefix}.guard"
 
     def events_filter(self, kind: str = "") -> str:
         return f"{self.events_root}.{kind}.>" if kind else f"{self.events_root}.>"

@@ -23,6 +23,7 @@ from events.messages import Command
 from events.subjects import aggregate_id, split_aggregate_id
 from events.vm import VM_KIND, VMI_KIND
 from projections.cluster import ClusterState
+from projections.hco import operand
 from projections.views import TERMINAL_PHASES, VirtualMachineView
 
 NAME = "vm"
@@ -58,10 +59,15 @@ class VMController:
         # differs from the one that created it.
         last = state.views.get(aggregate_id(VMI_KIND, namespace, name))
         vmi_version = last.version if last else 0
+        # Creating a VMI also reads the effective KubeVirt configuration (feature gates, CPU
+        # model): a refusal under one configuration is final for that command only.
+        configuration = operand(state, "KubeVirt")
+        kubevirt = configuration.version if configuration is not None else 0
 
         def command(verb: str) -> list[Command]:
             return [derived_command(NAME, "VirtualMachineInstance", verb, namespace, name,
-                                    vm_version, vmi_version, correlation_id=correlation_id)]
+                                    vm_version, vmi_version, kubevirt,
+                                    correlation_id=correlation_id)]
 
         if vmi is not None and not vmi.owner:
             return []  # a standalone VMI is the user's, not ours

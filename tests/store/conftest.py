@@ -4,16 +4,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from controlplane.handling import CommandHandler
-from controlplane.writer import application
 from events.subjects import Layout
+from tests.store.helpers import SyncHandler
 
 
 @pytest.fixture
-def handler(nats_url: str, prefix: str) -> Iterator[CommandHandler]:
+def handler(nats_url: str, prefix: str) -> Iterator[SyncHandler]:
     """The control plane's command handler on a fresh prefix of the real store."""
-    app = application(nats_url, Layout(prefix))
+    sync = SyncHandler(nats_url, Layout(prefix))
     try:
-        yield CommandHandler(app)
+        yield sync
     finally:
-        app.factory.close()
+        sync.close()

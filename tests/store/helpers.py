@@ -6,9 +6,34 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import controlplane.writer  # noqa: F401  (registers the command handlers)
 from controlplane.handling import CommandHandler, Result
+from events.bridge import NatsBridge
+from events.datastore import EventLog, JetStreamDatastore
+from events.jetstream import JetStreamApplicationRecorder
 from events.messages import Command
+from events.streams import ensure_all
+from events.subjects import Layout
 from projections.cluster import ClusterState
+
+
+class SyncHandler:
+    """The control plane's command handler, driven from synchronous tests: its own
+    connection on a bridge thread, and a library recorder to read the log with."""
+
+    def __init__(self, nats_url: str, layout: Layout) -> None:
+        self.bridge = NatsBridge(nats_url, name="test-handler")
+        self.bridge.run(ensure_all(self.bridge.nc.jetstream(), layout))
+        self.handler = CommandHandler(EventLog(self.bridge.nc, layout))
+        self.datastore = JetStreamDatastore(nats_url, layout)
+        self.recorder = JetStreamApplicationRecorder(self.datastore)
+
+    def execute(self, command: Command) -> Result:
+        return self.bridge.run(self.handler.execute(command))
+
+    def close(self) -> None:
+        self.datastore.close()
+        self.bridge.close()
 
 
 def node_info(name: str, *, devices: bool = True) -> dict[str, Any]:
@@ -22,7 +47,7 @@ def node_info(name: str, *, devices: bool = True) -> dict[str, Any]:
             "capacity": {"cpu": "8", "memory": "16Gi"}, "allocatable": allocatable}
 
 
-def run(handler: CommandHandler, state: ClusterState, command: Command) -> Result:
+def run(handler: SyncHandler, state: ClusterState, command: Command) -> Result:
     """Execute and fold the events into `state`, as the control loop does; the result, whatever
     the outcome (see `run_accepted`)."""
     result = handler.execute(command)
@@ -31,7 +56,7 @@ def run(handler: CommandHandler, state: ClusterState, command: Command) -> Resul
     return result
 
 
-def run_accepted(handler: CommandHandler, state: ClusterState, command: Command) -> Result:
+def run_accepted(handler: SyncHandler, state: ClusterState, command: Command) -> Result:
     """`run`, asserting the command is accepted."""
     result = run(handler, state, command)
     assert result.outcome.accepted, result.outcome.reason
@@ -44,7 +69,7 @@ def register_command(name: str, *, devices: bool = True) -> Command:
                    verb="register", name=name, manifest=node_info(name, devices=devices))
 
 
-def register(handler: CommandHandler, name: str) -> list[int]:
+def register(handler: SyncHandler, name: str) -> list[int]:
     """Register node `name` (without devices); the sequences of its events."""
     result = handler.execute(register_command(name, devices=False))
     assert result.outcome.accepted, result.outcome.reason

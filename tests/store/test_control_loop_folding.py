@@ -10,7 +10,6 @@ import asyncio
 import uuid
 
 from controlplane.controllers.hco import HCOController
-from controlplane.handling import CommandHandler
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
 from events.api import hco_defaults as d
@@ -18,6 +17,7 @@ from events.connect import connect
 from events.messages import Command
 from events.subjects import Layout
 from projections.hco import hyperconverged
+from tests.store.helpers import SyncHandler
 
 PATCHED = {"apiVersion": d.API_VERSION, "kind": d.KIND,
            "metadata": {"name": d.DEFAULT_NAME, "namespace": d.DEFAULT_NAMESPACE},
@@ -25,10 +25,10 @@ PATCHED = {"apiVersion": d.API_VERSION, "kind": d.KIND,
 
 
 async def test_an_own_write_is_not_folded_past_a_change_not_yet_seen(
-        handler: CommandHandler, nats_url: str, prefix: str) -> None:
+        handler: SyncHandler, nats_url: str, prefix: str) -> None:
     layout = Layout(prefix)
     nc = await connect(nats_url, "test-loop-folding")
-    writer = Writer(nats_url, layout)
+    writer = Writer(nc, layout)
     loop = ControlLoop(nc, layout, writer)
     hco = HCOController()
     try:
@@ -52,5 +52,4 @@ async def test_an_own_write_is_not_folded_past_a_change_not_yet_seen(
         assert manifest is not None
         assert manifest["spec"]["configuration"]["obsoleteCPUModels"]["SandyBridge"] is True
     finally:
-        writer.close()
         await nc.close()

@@ -7,15 +7,14 @@ import uuid
 
 from controlplane.controllers.scheduler import Scheduler
 from controlplane.controllers.vm import VMController
-from controlplane.handling import CommandHandler
 from events.messages import Command
 from projections.cluster import ClusterState
-from tests.store.helpers import register_command, run_accepted
+from tests.store.helpers import SyncHandler, register_command, run_accepted
 from tests.system.harness import vm_manifest
 
 
 def test_resyncs_carry_the_request_that_last_changed_the_object(
-        handler: CommandHandler) -> None:
+        handler: SyncHandler) -> None:
     state = ClusterState()
     apply = Command(id=str(uuid.uuid4()), actor="user:erin", kind="VirtualMachine",
                     verb="apply", namespace="default", name="web", manifest=vm_manifest("web"))

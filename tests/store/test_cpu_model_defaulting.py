@@ -4,15 +4,14 @@ creates it or a user applies it; applying the same manifest again stays a no-op.
 
 from __future__ import annotations
 
-from controlplane.handling import CommandHandler
 from projections.cluster import ClusterState
-from tests.store.helpers import run
+from tests.store.helpers import SyncHandler, run
 from tests.store.test_feature_gates import apply, apply_hco, vmi
 
 SPEC = {"domain": {"resources": {"requests": {"memory": "64Mi"}}}}
 
 
-def test_a_standalone_vmi_gets_the_cluster_cpu_model(handler: CommandHandler) -> None:
+def test_a_standalone_vmi_gets_the_cluster_cpu_model(handler: SyncHandler) -> None:
     state = ClusterState()
     assert apply_hco(handler, state, {"defaultCPUModel": "Skylake-Server"})["cpuModel"] \
         == "Skylake-Server"
@@ -30,7 +29,7 @@ def test_a_standalone_vmi_gets_the_cluster_cpu_model(handler: CommandHandler) ->
     assert refused.reason == "a VirtualMachineInstance's spec cannot change"
 
 
-def test_a_named_model_is_kept(handler: CommandHandler) -> None:
+def test_a_named_model_is_kept(handler: SyncHandler) -> None:
     state = ClusterState()
     apply_hco(handler, state, {"defaultCPUModel": "Skylake-Server"})
     named = {"domain": {**SPEC["domain"], "cpu": {"model": "host-passthrough"}}}

@@ -15,16 +15,14 @@ from structlog.testing import capture_logs
 from controlplane.controllers.hco import HCOController
 from controlplane.controllers.vm import VMController
 from controlplane.feature_gates import check_feature_gates
-from controlplane.handling import CommandHandler
 from events.api import hco_defaults as d
 from events.api.vm import VirtualMachineInstanceSpec
 from events.codec import Event, decode
 from events.errors import InvalidSpec
-from events.jetstream import JetStreamApplicationRecorder
 from events.messages import Command
 from projections.cluster import ClusterState
 from projections.hco import OperandView, effective_kubevirt
-from tests.store.helpers import run
+from tests.store.helpers import SyncHandler, run
 
 
 class Case(NamedTuple):
@@ -85,7 +83,7 @@ def apply(manifest: dict[str, Any]) -> Command:
                    namespace=meta.get("namespace", ""), name=meta["name"], manifest=manifest)
 
 
-def apply_hco(handler: CommandHandler, state: ClusterState,
+def apply_hco(handler: SyncHandler, state: ClusterState,
               spec: dict[str, Any]) -> dict[str, Any]:
     """Apply a HyperConverged with `spec` and let the HCO controller write the KubeVirt CR
     it derives; that CR's `spec.configuration`, as written."""
@@ -101,29 +99,33 @@ def apply_hco(handler: CommandHandler, state: ClusterState,
     return configuration
 
 
-def set_gates(handler: CommandHandler, state: ClusterState, **gates: bool) -> list[str]:
+def set_gates(handler: SyncHandler, state: ClusterState, **gates: bool) -> list[str]:
     """The KubeVirt CR's gates, as written, after a HyperConverged with these featureGates."""
     gates_written: list[str] = apply_hco(handler, state, {"featureGates": gates})[
         "developerConfiguration"]["featureGates"]
     return gates_written
 
 
-def stored_event(handler: CommandHandler, sequence: int) -> Event:
+def stored_event(handler: SyncHandler, sequence: int) -> Event:
     """The event stored at `sequence`, as the control loop receives it."""
-    [stored] = handler.app.recorder.select_notifications(sequence, 1)
+    [stored] = handler.recorder.select_notifications(sequence, 1)
     return decode(stored.topic, stored.state)
 
 
-def last_sequence(handler: CommandHandler) -> int:
-    recorder = handler.app.recorder
-    assert isinstance(recorder, JetStreamApplicationRecorder)
-    return recorder.max_notification_id() or 0
+def last_sequence(handler: SyncHandler) -> int:
+    return handler.recorder.max_notification_id() or 0
+
+
+def appended_since(handler: SyncHandler, sequence: int) -> list[str]:
+    """The topics of the events stored after `sequence`."""
+    return [n.topic for n in handler.recorder.select_notifications(
+        sequence, 100, inclusive_of_start=False)]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("case", CASES, ids=[c.feature for c in CASES])
 def test_gated_feature_is_refused_until_its_gate_is_on(
-        handler: CommandHandler, kind: str, case: Case) -> None:
+        handler: SyncHandler, kind: str, case: Case) -> None:
     state = ClusterState()
     build = vm if kind == "VirtualMachine" else vmi
     manifest = build("gated", spec_using(case.feature))
@@ -135,13 +137,13 @@ def test_gated_feature_is_refused_until_its_gate_is_on(
     assert not refused.accepted
     assert refused.field == f"{KINDS[kind]}.{case.field}"
     assert refused.reason == f"the {case.gate} feature gate is not enabled"
-    assert last_sequence(handler) == before
+    assert appended_since(handler, before) == ["CommandRejected.v1"]
     assert case.gate in set_gates(handler, state, **others, **{case.hco_gate: True})
     accepted = run(handler, state, apply(manifest)).outcome
     assert accepted.accepted and accepted.sequences
 
 
-def test_without_any_kubevirt_cr_gated_features_are_refused(handler: CommandHandler) -> None:
+def test_without_any_kubevirt_cr_gated_features_are_refused(handler: SyncHandler) -> None:
     """Before HCO has written a KubeVirt CR no gate is on (KubeVirt's defaults)."""
     state = ClusterState()
     before = last_sequence(handler)
@@ -154,7 +156,7 @@ def test_without_any_kubevirt_cr_gated_features_are_refused(handler: CommandHand
 
 
 def test_vmi_of_an_admitted_vm_is_refused_once_its_gate_is_off(
-        handler: CommandHandler) -> None:
+        handler: SyncHandler) -> None:
     state = ClusterState()
     set_gates(handler, state, downwardMetrics=True)
     admitted = run(handler, state, apply(vm("metrics", spec_using("downward-metrics-volume"),
@@ -167,17 +169,19 @@ def test_vmi_of_an_admitted_vm_is_refused_once_its_gate_is_off(
     with capture_logs() as logs:
         refused = run(handler, state, create).outcome
     assert (refused.accepted, refused.field) == (False, "spec.volumes[1].downwardMetrics")
-    assert last_sequence(handler) == before
+    assert appended_since(handler, before) == ["CommandRejected.v1"]
     warned = [e for e in logs if e["log_level"] == "warning"]
     assert [(e["name"], e["field"]) for e in warned] == [
         ("metrics", "spec.volumes[1].downwardMetrics")]
-    # The gate back on: the KubeVirt CR's change wakes the VM controller, whose decision,
-    # the same as before, now creates the VMI.
+    # The gate back on: the KubeVirt CR's change wakes the VM controller. Its decision reads
+    # the new configuration, so it is a new command; the refused one stays refused.
     set_gates(handler, state, downwardMetrics=True)
     [kubevirt] = [v for v in state.views.values()
                   if isinstance(v, OperandView) and v.kind == "KubeVirt"]
     [again] = VMController().on_event(state, stored_event(handler, kubevirt.last_sequence))
-    assert again.id == create.id
+    assert again.verb == "create-for-vm"
+    assert again.id != create.id
+    assert run(handler, state, create).outcome == refused
     created = run(handler, state, again).outcome
     assert created.accepted
     assert state.vmi("default", "metrics") is not None

@@ -7,16 +7,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controlplane.handling import CommandHandler
 from events.codec import Event
 from events.connect import connect
 from events.subjects import Layout
 from projections import follower
-from tests.store.helpers import register
+from tests.store.helpers import SyncHandler, register
 
 
 async def test_events_appended_during_replay_are_delivered_once(
-        handler: CommandHandler, nats_url: str, prefix: str,
+        handler: SyncHandler, nats_url: str, prefix: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A replay page that runs past the head read at the start (here: the second, short page
     holds events appended while the first was handed over) must not be delivered again by
@@ -52,7 +51,7 @@ async def test_events_appended_during_replay_are_delivered_once(
 
 
 async def test_since_time_starts_at_the_first_event_stored_from_then(
-        handler: CommandHandler, nats_url: str, prefix: str) -> None:
+        handler: SyncHandler, nats_url: str, prefix: str) -> None:
     """`watch --since TIME`: the first sequence stored at or after TIME, else past the head."""
     layout = Layout(prefix)
     nc = await connect(nats_url, "test-since")
@@ -72,7 +71,7 @@ async def test_since_time_starts_at_the_first_event_stored_from_then(
 
 
 async def test_a_lost_live_consumer_is_replaced_and_nothing_comes_twice(
-        handler: CommandHandler, nats_url: str, prefix: str,
+        handler: SyncHandler, nats_url: str, prefix: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The live consumer vanishes on the server (as after a reset nats-py could not finish):
     the follow notices the log moved on without it and resubscribes where it was, well

@@ -4,13 +4,12 @@ recorded, it has nothing to send, not even a status command the handler would dr
 from __future__ import annotations
 
 from controlplane.controllers.hco import HCOController
-from controlplane.handling import CommandHandler
 from projections.cluster import ClusterState
 from projections.hco import hyperconverged
-from tests.store.helpers import run_accepted
+from tests.store.helpers import SyncHandler, run_accepted
 
 
-def test_a_settled_hyperconverged_sends_nothing(handler: CommandHandler) -> None:
+def test_a_settled_hyperconverged_sends_nothing(handler: SyncHandler) -> None:
     state = ClusterState()
     controller = HCOController()
     sent: list[str] = []

@@ -7,17 +7,16 @@ import uuid
 
 from controlplane.controllers.scheduler import Scheduler
 from controlplane.controllers.vm import VMController
-from controlplane.handling import CommandHandler
 from events.messages import Command
 from projections.cluster import ClusterState
 from projections.service import node_object
-from tests.store.helpers import register_command, run_accepted
+from tests.store.helpers import SyncHandler, register_command, run_accepted
 from tests.system.harness import vm_manifest
 
 HOST = "worker-1.example.com"
 
 
-def test_a_node_with_a_dotted_name_counts_its_vmis(handler: CommandHandler) -> None:
+def test_a_node_with_a_dotted_name_counts_its_vmis(handler: SyncHandler) -> None:
     state = ClusterState()
     run_accepted(handler, state, register_command(HOST))
     run_accepted(handler, state, Command(id=str(uuid.uuid4()), actor="user:erin",

@@ -8,17 +8,16 @@ import asyncio
 import msgspec
 from nats.errors import NoRespondersError
 
-from controlplane.handling import CommandHandler
 from events.connect import connect
 from events.query import Answer, Query, query_subject
 from events.streams import ensure_all
 from events.subjects import Layout
 from projections.service import READ_WAIT_SECONDS, ReadService
-from tests.store.helpers import register
+from tests.store.helpers import SyncHandler, register
 
 
 async def test_a_query_waiting_for_the_log_does_not_hold_up_the_next(
-        handler: CommandHandler, nats_url: str, prefix: str) -> None:
+        handler: SyncHandler, nats_url: str, prefix: str) -> None:
     await asyncio.to_thread(register, handler, "n1")
     layout = Layout(prefix)
     nc = await connect(nats_url, "test-read-service")

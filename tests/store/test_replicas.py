@@ -7,15 +7,16 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from controlplane.writer import application
 from events.connect import connect
+from events.datastore import JetStreamDatastore
+from events.jetstream import JetStreamApplicationRecorder
 from events.streams import ensure_all
 from events.subjects import Layout
 from tests.natsserver import cluster, jetstream_ready
 
 LAYOUT = Layout("vbr")
 NAMES = [LAYOUT.events_stream, LAYOUT.commands_stream, LAYOUT.node_stream,
-         LAYOUT.reports_stream, *(f"KV_{bucket}" for bucket in (
+         LAYOUT.reports_stream, LAYOUT.dead_letter_stream, *(f"KV_{bucket}" for bucket in (
              LAYOUT.heartbeats_bucket, LAYOUT.leases_bucket, LAYOUT.checkpoints_bucket,
              LAYOUT.outcomes_bucket))]
 """Every stream and bucket `ensure_all` makes (a bucket is the stream `KV_<bucket>`)."""
@@ -31,8 +32,9 @@ async def test_replicas_are_raised_on_an_existing_installation(tmp_path: Path) -
             await jetstream_ready(js)
             await ensure_all(js, layout, 1)
             await ensure_all(js, layout, 3)
-            app = await asyncio.to_thread(application, url, layout)  # replicas unknown to it
-            await asyncio.to_thread(app.factory.close)
+            store = await asyncio.to_thread(JetStreamDatastore, url, layout)
+            await asyncio.to_thread(JetStreamApplicationRecorder, store)  # replicas unknown
+            await asyncio.to_thread(store.close)
             replicas = {name: (await js.stream_info(name)).config.num_replicas
                         for name in NAMES}
         finally:

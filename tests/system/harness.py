@@ -18,8 +18,11 @@ import msgspec
 
 from controlplane.client import Client
 from controlplane.up import UpOptions, children
+from events.datastore import TOPIC_HEADER
+from events.directget import PAGE, direct_batch
 from events.messages import DomainSummary, SimReply, SimRequest
 from events.server import free_port
+from projections.follower import head
 
 T = TypeVar("T")
 
@@ -96,9 +99,15 @@ class System:
 
 
 async def last_sequence(vb: Client) -> int:
-    """The events stream's head: a test compares it before and after to see nothing appended."""
-    info = await vb.js.stream_info(vb.layout.events_stream)
-    return int(info.state.last_seq)
+    """The event log's head: a test compares it before and after to see what was appended."""
+    return await head(vb.nc, vb.layout)
+
+
+async def topics_since(vb: Client, sequence: int) -> list[str]:
+    """The topics of the events appended after `sequence`, in order."""
+    msgs = await direct_batch(vb.nc, vb.layout.events_stream, sequence + 1, PAGE,
+                              vb.layout.events_filter())
+    return [(m.headers or {})[TOPIC_HEADER] for m in msgs]
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:

@@ -1,0 +1,147 @@
+"""Commands end to end: C concurrent clients each submit `apply` commands (a new Halted VM
+each) to a real control plane, its own process, and await every outcome.
+
+    python -m bench.commands --clients 50 --commands 2000
+    python -m bench.commands --clients 1 --commands 500     # latency, one at a time
+
+In the same run, on the same server: the raw layers beneath, awaited `js.publish` on a plain
+stream (one at a time) and a core NATS request/reply round trip. One JSON line:
+`commands`, `clients`, `seconds`, `per_s`, `p50_ms`, `p99_ms`, `raw_publish_per_s`,
+`raw_rtt_ms`, `ratio` (per_s / raw_publish_per_s), `p50_rtts` and `p99_rtts` (latency in
+raw round trips).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+from nats.aio.msg import Msg
+from nats.js.api import StorageType, StreamConfig
+
+from bench.common import nats_server, positive, raw_stream, raw_subject
+from controlplane.client import Client
+from events.streams import ensure_all
+from events.subjects import Layout
+
+RAW_SAMPLES = 2000
+WARM_UP = 20
+"""Commands sent, one at a time, before the clock starts: connections and code warm."""
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def manifest(name: str) -> dict[str, object]:
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": name, "namespace": "bench"},
+            "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {
+                "resources": {"requests": {"memory": "64Mi"}}, "devices": {}}}}}}
+
+
+async def raw_layers(url: str, layout: Layout) -> tuple[float, float]:
+    """(awaited js.publish per second, request/reply round trip in ms), measured now."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name=raw_stream(layout),
+                                         subjects=[raw_subject(layout, ">")],
+                                         storage=StorageType.FILE))
+        subject = raw_subject(layout, "p")
+        began = time.perf_counter()
+        for _ in range(RAW_SAMPLES):
+            await js.publish(subject, b"x" * 200)
+        publish_per_s = RAW_SAMPLES / (time.perf_counter() - began)
+
+        async def echo(msg: Msg) -> None:
+            await msg.respond(msg.data)
+
+        sub = await nc.subscribe(f"{layout.prefix}.echo", cb=echo)
+        began = time.perf_counter()
+        for _ in range(RAW_SAMPLES):
+            await nc.request(f"{layout.prefix}.echo", b"x" * 200, timeout=5)
+        rtt_ms = (time.perf_counter() - began) / RAW_SAMPLES * 1000
+        await sub.unsubscribe()
+        await js.delete_stream(raw_stream(layout))
+        return publish_per_s, rtt_ms
+    finally:
+        await nc.close()
+
+
+async def drive(url: str, layout: Layout, clients: int,
+                commands: int) -> tuple[float, list[float]]:
+    """Seconds for all commands, and each command's submit -> outcome latency (s)."""
+    connected = [await Client.connect(url, layout.prefix, actor=f"user:bench{i}")
+                 for i in range(clients)]
+    latencies: list[float] = []
+
+    async def client(vb: Client, names: Iterator[str]) -> None:
+        for name in names:
+            began = time.perf_counter()
+            await vb.run(vb.command("VirtualMachine", "apply", manifest=manifest(name)))
+            latencies.append(time.perf_counter() - began)
+
+    try:
+        await client(connected[0], iter([f"warm-{n}" for n in range(WARM_UP)]))
+        latencies.clear()
+        names = iter([f"vm-{n}" for n in range(commands)])
+        began = time.perf_counter()
+        await asyncio.gather(*[client(vb, names) for vb in connected])
+        return time.perf_counter() - began, latencies
+    finally:
+        for vb in connected:
+            await vb.close()
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(
+        values) > 1 else values[0]
+
+
+async def measure(url: str, clients: int, commands: int) -> dict[str, float | int]:
+    layout = Layout("bench" + uuid.uuid4().hex[:8])
+    nc = await nats.connect(url)
+    await ensure_all(nc.jetstream(), layout)
+    await nc.close()
+    env = {**os.environ, "VIRTBUS_LOG_LEVEL": "warning", "VIRTBUS_LOG_FORMAT": "json"}
+    plane = subprocess.Popen([sys.executable, "-m", "controlplane", "run", "--nats-url", url,
+                              "--prefix", layout.prefix], cwd=ROOT, env=env)
+    try:
+        raw_publish_per_s, raw_rtt_ms = await raw_layers(url, layout)
+        seconds, latencies = await drive(url, layout, clients, commands)
+    finally:
+        plane.terminate()
+        plane.wait(timeout=30)
+    per_s = commands / seconds
+    p50_ms = percentile(latencies, 50) * 1000
+    p99_ms = percentile(latencies, 99) * 1000
+    return {"commands": commands, "clients": clients, "seconds": round(seconds, 3),
+            "per_s": round(per_s, 1), "p50_ms": round(p50_ms, 3), "p99_ms": round(p99_ms, 3),
+            "raw_publish_per_s": round(raw_publish_per_s, 1), "raw_rtt_ms": round(raw_rtt_ms, 4),
+            "ratio": round(per_s / raw_publish_per_s, 3),
+            "p50_rtts": round(p50_ms / raw_rtt_ms, 1), "p99_rtts": round(p99_ms / raw_rtt_ms, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clients", type=positive, default=50)
+    p.add_argument("--commands", type=positive, default=2000)
+    p.add_argument("--nats-url", default=None,
+                   help="an existing NATS server (default: start one in a temp dir)")
+    args = p.parse_args()
+    with nats_server(args.nats_url) as url:
+        figures = asyncio.run(measure(url, args.clients, args.commands))
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

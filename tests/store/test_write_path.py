@@ -1,0 +1,194 @@
+"""The write path's guarantees, each shown failing without its mechanism (README, guarantees).
+
+Two writers here are two `Writer`s on connections of their own, each with its own memory:
+what two control-plane replicas racing across a lease handover look like. The
+events stream's duplicate window is cut to the server's minimum (100 ms) and waited out
+where a test needs a stale write to reach the expectation check, not the dedupe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import structlog
+from nats.aio.client import Client as Nats
+
+from controlplane.handling import Scan
+from controlplane.writer import Writer
+from events.api import hco_defaults as d
+from events.connect import connect
+from events.datastore import AppendConflict
+from events.directget import read_all
+from events.messages import Command, Outcome
+from events.streams import ensure_all, events_stream_config
+from events.subjects import Layout
+from projections.follower import read_event
+from tests.system.harness import vm_manifest
+
+WINDOW = 0.1
+"""The events stream's duplicate window in these tests: the server's minimum."""
+
+
+class Writers:
+    def __init__(self, layout: Layout, connections: list[Nats]) -> None:
+        self.layout = layout
+        self.connections = connections
+        self.a, self.b = (Writer(nc, layout) for nc in connections)
+
+    async def versions(self, agg_id: str) -> list[int]:
+        """Every version stored for `agg_id`, in log order."""
+        msgs = await read_all(self.connections[0], self.layout.events_stream,
+                              self.layout.aggregate_subject(agg_id))
+        return [e.originator_version for m in msgs if (e := read_event(m)) is not None]
+
+
+@pytest.fixture
+async def writers(nats_url: str, prefix: str) -> AsyncIterator[Writers]:
+    layout = Layout(prefix)
+    connections = [await connect(nats_url, f"writer-{n}") for n in "ab"]
+    js = connections[0].jetstream()
+    await ensure_all(js, layout)
+    config = events_stream_config(layout)
+    config.duplicate_window = WINDOW
+    await js.update_stream(config)
+    try:
+        yield Writers(layout, connections)
+    finally:
+        for nc in connections:
+            await nc.close()
+
+
+def command(verb: str, name: str = "web", actor: str = "user:dana", **fields: Any) -> Command:
+    return Command(id=str(uuid.uuid4()), actor=actor, kind="VirtualMachine", verb=verb,
+                   namespace="default", name=name, **fields)
+
+
+def apply(name: str, memory: str = "64Mi") -> Command:
+    return command("apply", name, manifest=vm_manifest(name, "Halted", memory=memory))
+
+
+VM = "vm.default.web"
+
+
+async def test_a_refusal_is_final_however_the_object_changes(writers: Writers) -> None:
+    """The issue's sequence: `start web` while web does not exist is refused; web is
+    applied; the same command delivered again is refused again and changes nothing."""
+    start = command("start")
+    refused = (await writers.a.execute(start)).outcome
+    assert not refused.accepted and refused.field == "metadata.name"
+    assert (await writers.a.execute(apply("web"))).outcome.accepted
+    for handler in (writers.a, writers.b):  # the same replica, and a fresh one
+        again = await handler.execute(start)
+        assert again.outcome == refused and again.events == []
+    assert await writers.versions(VM) == [1]
+
+
+async def test_an_accepted_command_delivered_again_answers_its_first_outcome(
+        writers: Writers) -> None:
+    assert (await writers.a.execute(apply("web"))).outcome.accepted
+    start = command("start")
+    first = (await writers.a.execute(start)).outcome
+    assert first.accepted and len(first.sequences) == 1
+    await asyncio.sleep(WINDOW * 2)  # past the stream's dedupe: only the marker can answer
+    again = await writers.b.execute(start)
+    assert again.outcome == first and again.events == []
+    assert await writers.versions(VM) == [1, 2]
+
+
+async def test_a_stale_writer_is_refused_by_the_expected_sequence(writers: Writers) -> None:
+    """Writer a decides on version 1 it holds in memory while b has written version 2; a's
+    append reaches the server after the dedupe window, so only the expected sequence
+    stands between it and a second version 2."""
+    assert (await writers.a.execute(apply("web", "64Mi"))).outcome.accepted
+    assert (await writers.b.execute(apply("web", "96Mi"))).outcome.accepted
+    scans: dict[str, Scan] = {}
+    decision, verdict = await writers.a.handler._decide(apply("web", "128Mi"), scans, _quiet())
+    assert verdict is None and [e.originator_version for e in decision.events] == [2]
+    await asyncio.sleep(WINDOW * 2)
+    with pytest.raises(AppendConflict):
+        await writers.a.handler.log.publish(writers.a.handler._batch(decision, verdict))
+    assert await writers.versions(VM) == [1, 2]
+
+
+async def test_a_conflict_is_decided_again_on_fresh_state(writers: Writers) -> None:
+    """The same: through `execute`, the stale decision is retried and accepted as version 3,
+    with the memory of the write that came last."""
+    assert (await writers.a.execute(apply("web", "64Mi"))).outcome.accepted
+    assert (await writers.b.execute(apply("web", "96Mi"))).outcome.accepted
+    await asyncio.sleep(WINDOW * 2)
+    result = await writers.a.execute(apply("web", "128Mi"))
+    assert result.outcome.accepted
+    assert [e.originator_version for _, e in result.events] == [3]
+    assert await writers.versions(VM) == [1, 2, 3]
+
+
+async def test_concurrent_writers_on_one_object_each_get_one_outcome(
+        writers: Writers) -> None:
+    """Two writers with their own memories, many commands each, all at once: conflicts
+    happen (more than one writer in flight) and every command ends accepted, each version
+    stored once, in order."""
+    assert (await writers.a.execute(apply("web"))).outcome.accepted
+    memories = [f"{64 + 2 * i}Mi" for i in range(40)]
+    commands = [apply("web", m) for m in memories]
+    results = await asyncio.gather(*[
+        (writers.a if i % 2 else writers.b).execute(c) for i, c in enumerate(commands)])
+    outcomes: list[Outcome] = [r.outcome for r in results]
+    assert all(o.accepted for o in outcomes), [o.reason for o in outcomes if not o.accepted]
+    versions = await writers.versions(VM)
+    assert versions == list(range(1, len(versions) + 1))
+    changed = sum(bool(o.sequences) for o in outcomes)
+    assert len(versions) == 1 + changed
+
+
+async def test_a_decision_on_an_absence_is_guarded(writers: Writers) -> None:
+    """Write skew: changing the workloads' node placement is allowed only while no VM
+    exists. A HyperConverged apply decided on "no VM" must not land after a VM was
+    created meanwhile: its read guard on every VM (`ev.vm.>`) refuses it."""
+    hco = {"apiVersion": d.API_VERSION, "kind": d.KIND,
+           "metadata": {"name": d.DEFAULT_NAME, "namespace": d.DEFAULT_NAMESPACE},
+           "spec": {}}
+    placement = {**hco, "spec": {"workloads": {"nodePlacement": {
+        "nodeSelector": {"zone": "a"}}}}}
+    create = Command(id=str(uuid.uuid4()), actor="user:ops", kind=d.KIND, verb="apply",
+                     name=d.DEFAULT_NAME, namespace=d.DEFAULT_NAMESPACE, manifest=hco)
+    assert (await writers.a.execute(create)).outcome.accepted
+    change = Command(id=str(uuid.uuid4()), actor="user:ops", kind=d.KIND, verb="apply",
+                     name=d.DEFAULT_NAME, namespace=d.DEFAULT_NAMESPACE, manifest=placement)
+    scans: dict[str, Scan] = {}
+    decision, verdict = await writers.a.handler._decide(change, scans, _quiet())
+    assert verdict is None and scans["vm"].ids == []
+    assert (await writers.b.execute(apply("web"))).outcome.accepted  # the first VM
+    with pytest.raises(AppendConflict):
+        await writers.a.handler.log.publish(writers.a.handler._batch(decision, verdict))
+    # Decided again, on the state with the VM, it is refused.
+    refused = (await writers.a.execute(change)).outcome
+    assert not refused.accepted and "workloads" in refused.field
+
+
+def _quiet() -> Any:
+    return structlog.get_logger("test")
+
+
+async def test_a_decision_on_an_object_it_only_read_is_guarded(writers: Writers) -> None:
+    """The VM controller's create-for-vm reads the VM (it must still want to run) and writes
+    only the VMI. Decided while the VM ran, it must not land after the VM was stopped: its
+    read guard on the VM refuses it, and decided again it is refused as no longer needed."""
+    manifest = vm_manifest("web", "Always")
+    assert (await writers.a.execute(command("apply", manifest=manifest))).outcome.accepted
+    create = Command(id=str(uuid.uuid4()), actor="system:controller:vm",
+                     kind="VirtualMachineInstance", verb="create-for-vm", namespace="default",
+                     name="web")
+    scans: dict[str, Scan] = {}
+    decision, verdict = await writers.a.handler._decide(create, scans, _quiet())
+    assert verdict is None and [type(e).__name__ for e in decision.events] == [
+        "VirtualMachineInstanceCreated"]
+    assert (await writers.b.execute(command("stop"))).outcome.accepted
+    with pytest.raises(AppendConflict):
+        await writers.a.handler.log.publish(writers.a.handler._batch(decision, verdict))
+    refused = (await writers.a.execute(create)).outcome
+    assert not refused.accepted and refused.reason == "no longer needed"
+    assert await writers.versions("vmi.default.web") == []
