@@ -9,6 +9,8 @@ NODE_MONITOR_GRACE_SECONDS: Final = 20.0
 NODE_MONITOR_PERIOD_SECONDS: Final = 1.0
 """How often the node lifecycle controller looks at heartbeats."""
 COMMAND_ACTOR_CONTROLLER: Final = "system:controller"
+CONTROLLER_RETRIES: Final = 10
+"""Times a controller command the log could not take is sent again (backing off to 5 s)."""
 INTAKE_CONCURRENCY: Final = 256
 """Commands (or reports) worked on at once; each is claimed while it is."""
 PULL_EXPIRES_SECONDS: Final = 5.0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -85,11 +85,15 @@ def status_unchanged(hco: HyperConvergedView, report: StatusReport) -> bool:
             and hco.patch_failures == report.patch_failures)
 
 
+KUBEVIRT_CR_ID: Final = operand_id(KUBEVIRT.kind, KUBEVIRT.name(HyperConverged()))
+"""The KubeVirt CR's aggregate (HCO names it after the one HyperConverged)."""
+
+
 def effective_kubevirt_configuration(d_: Decision) -> dict[str, Any]:
     """`spec.configuration` of the KubeVirt CR as HCO last wrote it, read on the decision's
     fresh state ({} while there is none, as the read side's `effective_kubevirt` says):
     what KubeVirt's own admission and defaulting read their cluster settings from."""
-    kubevirt = d_.load(operand_id(KUBEVIRT.kind, KUBEVIRT.name(HyperConverged())), OperandView)
+    kubevirt = d_.load(KUBEVIRT_CR_ID, OperandView)
     if not kubevirt.exists:
         return {}
     configuration: dict[str, Any] = kubevirt.state.object.get("spec", {}).get(

@@ -18,7 +18,11 @@ from controlplane.controllers.hco import HCOController
 from controlplane.controllers.nodelifecycle import NodeLifecycle
 from controlplane.controllers.scheduler import Scheduler
 from controlplane.controllers.vm import VMController
-from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS, NODE_MONITOR_PERIOD_SECONDS
+from controlplane.defaults import (
+    CONTROLLER_RETRIES,
+    NODE_MONITOR_GRACE_SECONDS,
+    NODE_MONITOR_PERIOD_SECONDS,
+)
 from controlplane.writer import Writer
 from events.aio import pause_unless_stopped
 from events.codec import Event
@@ -41,6 +45,7 @@ class ControlLoop:
         self.dispatcher = Dispatcher(nc, layout)
         self.lifecycle = NodeLifecycle(nc, layout, node_grace_seconds)
         self.live = asyncio.Event()
+        self._retrying: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         checkpoint = await self.dispatcher.load_checkpoint()
@@ -76,12 +81,41 @@ class ControlLoop:
             await pause_unless_stopped(stop, NODE_MONITOR_PERIOD_SECONDS)
 
     async def execute(self, commands: list[Command]) -> None:
-        """Run controller commands; fold their events in at once so the next decision
-        sees them (the same events arrive again from the log and are skipped). An event that
-        lands on an object changed meanwhile by someone else (a client's command, another
-        replica) waits for the log, which brings the other change first."""
-        for command in commands:
-            result = await self.writer.execute(command)
-            for sequence, event in result.events:
+        """Run controller commands, all at once (the writer orders those on one object);
+        fold their events in at once so the next decision sees them (the same events arrive
+        again from the log and are skipped). An event that lands on an object changed
+        meanwhile by someone else (a client's command, another replica) waits for the log,
+        which brings the other change first."""
+        results = await asyncio.gather(*[self.writer.execute(c) for c in commands],
+                                       return_exceptions=True)
+        for command, result in zip(commands, results, strict=True):
+            if isinstance(result, BaseException):
+                self._retry_later(command, result)
+                continue
+            for sequence, event in sorted(result.events, key=lambda pair: pair[0]):
                 if self.state.is_next(event):
                     self.state.apply(event, sequence)
+
+    def _retry_later(self, command: Command, error: BaseException) -> None:
+        """A controller command the log could not take now (a lost connection, a server
+        failing over) is sent again, same id, until it has its outcome; the loop goes on."""
+        log.warning("controller command failed; retrying", command_id=command.id,
+                    kind=command.kind, verb=command.verb, name=command.name,
+                    error=repr(error))
+
+        async def again() -> None:
+            for attempt in range(CONTROLLER_RETRIES):
+                await asyncio.sleep(min(2 ** attempt * 0.1, 5.0))  # backoff between tries
+                try:
+                    await self.writer.execute(command)
+                    return
+                except Exception as e:
+                    log.warning("controller command failed again", command_id=command.id,
+                                attempt=attempt + 2, error=repr(e))
+            log.error("controller command abandoned; decided again at the object's next change "
+                      "or the next start",
+                      command_id=command.id)
+
+        task = asyncio.ensure_future(again())
+        self._retrying.add(task)
+        task.add_done_callback(self._retrying.discard)

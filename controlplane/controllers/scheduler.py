@@ -55,7 +55,8 @@ class Scheduler:
                                 correlation_id=correlation_id or vmi.correlation_id)]
 
     def choose(self, state: ClusterState, vmi: VirtualMachineInstanceView) -> str | None:
-        assert vmi.spec is not None
+        if vmi.spec is None:
+            return None  # nothing to place (a log this version cannot fully read)
         best: tuple[float, str] | None = None
         tuning = cluster_tuning(state)
         for node in state.nodes():

@@ -17,7 +17,7 @@ import pytest
 import structlog
 from nats.aio.client import Client as Nats
 
-from controlplane.handling import Scan
+from controlplane.handling import HANDLERS, Decision, Scan, handles
 from controlplane.writer import Writer
 from events.api import hco_defaults as d
 from events.connect import connect
@@ -26,7 +26,9 @@ from events.directget import read_all
 from events.messages import Command, Outcome
 from events.streams import ensure_all, events_stream_config
 from events.subjects import Layout
+from events.vm import VirtualMachineDeleted
 from projections.follower import read_event
+from projections.views import VirtualMachineView
 from tests.system.harness import vm_manifest
 
 WINDOW = 0.1
@@ -192,3 +194,33 @@ async def test_a_decision_on_an_object_it_only_read_is_guarded(writers: Writers)
     refused = (await writers.a.execute(create)).outcome
     assert not refused.accepted and refused.reason == "no longer needed"
     assert await writers.versions("vmi.default.web") == []
+
+
+async def test_a_command_whose_kind_and_manifest_disagree_is_refused(writers: Writers) -> None:
+    """It used to trip an assert and stop the control plane, and its standby, for good."""
+    mismatched = Command(id=str(uuid.uuid4()), actor="user:mallory",
+                         kind="VirtualMachineInstance", verb="apply",
+                         manifest=vm_manifest("web"))
+    refused = (await writers.a.execute(mismatched)).outcome
+    assert (refused.accepted, refused.field) == (False, "kind")
+    assert "VirtualMachine" in refused.reason
+    assert (await writers.a.execute(apply("web"))).outcome.accepted  # and it goes on
+
+
+async def test_a_handler_that_fails_refuses_its_command_and_changes_nothing(
+        writers: Writers) -> None:
+    """A bug met by one command (here a handler that raises) refuses that command, once and
+    for good; the writer carries on with the next."""
+
+    def broken(d: Decision) -> None:
+        d.trigger(d.target("vm", VirtualMachineView), VirtualMachineDeleted)
+        raise RuntimeError("a bug")
+
+    handles("VirtualMachine", "break")(broken)
+    try:
+        refused = (await writers.a.execute(command("break"))).outcome
+    finally:
+        del HANDLERS[("VirtualMachine", "break")]
+    assert not refused.accepted and "RuntimeError" in refused.reason
+    assert await writers.versions(VM) == []
+    assert (await writers.a.execute(apply("web"))).outcome.accepted
