@@ -1,0 +1,104 @@
+"""The command intake on a real nats-server: a command delivered again past the command
+stream's duplicate window answers its first outcome; what cannot be decoded is
+dead-lettered and the intake goes on; a command claiming another actor is refused for good."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+
+from controlplane.client import Client
+from controlplane.intake import CommandIntake
+from controlplane.writer import Writer
+from events.directget import read_all
+from events.messages import Command
+from events.streams import ensure_all
+from tests.system.harness import topics_since, vm_manifest
+
+
+@pytest.fixture
+async def vb(nats_url: str, prefix: str) -> AsyncIterator[Client]:
+    """A client of an installation whose control plane runs only its command intake."""
+    client = await Client.connect(nats_url, prefix, actor="user:dana")
+    await ensure_all(client.js, client.layout)
+    stop = asyncio.Event()
+    intake = asyncio.ensure_future(
+        CommandIntake(client.nc, client.layout, Writer(client.nc, client.layout)).run(stop))
+    try:
+        yield client
+    finally:
+        stop.set()
+        await intake
+        await client.close()
+
+
+async def publish_again(vb: Client, command: Command) -> None:
+    """The command once more, under a message id the stream has not seen: what a client's
+    retry after the duplicate window looks like to the stream."""
+    subject = vb.layout.command_subject(command.actor, "virtualmachine", command.verb)
+    await vb.js.publish(subject, msgspec.msgpack.encode(command),
+                        headers={"Nats-Msg-Id": f"{command.id}-again"})
+
+
+async def test_a_command_delivered_again_past_the_window_answers_its_first_outcome(
+        vb: Client) -> None:
+    start = vb.command("VirtualMachine", "start", "default", "web")
+    refused = await vb.run(start, check=False)
+    assert not refused.accepted and refused.field == "metadata.name"
+    [created] = await vb.apply(vm_manifest("web", "Halted"))
+    before = created.sequences[-1]
+    await publish_again(vb, start)
+    head = (await vb.js.stream_info(vb.layout.commands_stream)).state.last_seq
+    await _eventually_consumed(vb, head)
+    assert await vb.outcome(start.id) == refused
+    assert await topics_since(vb, before) == []
+
+
+async def test_what_cannot_be_decoded_is_dead_lettered_and_the_intake_goes_on(
+        vb: Client) -> None:
+    subject = vb.layout.command_subject("user:dana", "virtualmachine", "apply")
+    await vb.js.publish(subject, b"\xc1 not msgpack")
+    await vb.js.publish(subject, msgspec.msgpack.encode({"id": "", "actor": "user:dana",
+                                                         "kind": "x", "verb": "y"}))
+    [outcome] = await vb.apply(vm_manifest("after"))
+    assert outcome.accepted
+    dead = await read_all(vb.nc, vb.layout.dead_letter_stream,
+                          vb.layout.dead_letter_subject(vb.layout.commands_stream))
+    reasons = [(m.headers or {})["Vb-Reason"] for m in dead]
+    assert len(reasons) == 2
+    assert reasons[0].startswith("not a command")
+    assert reasons[1] == "id: must be 1 to 200 characters"
+
+
+async def test_a_command_claiming_another_actor_is_refused_for_good(
+        vb: Client, nats_url: str) -> None:
+    [created] = await vb.apply(vm_manifest("web", "Halted"))
+    forged = Command(id=str(uuid.uuid4()), actor="user:alice", kind="VirtualMachine",
+                     verb="start", namespace="default", name="web")
+    subject = vb.layout.command_subject("user:mallory", "virtualmachine", "start")
+    await vb.js.publish(subject, msgspec.msgpack.encode(forged),
+                        headers={"Nats-Msg-Id": forged.id})
+    refused = await vb.outcome(forged.id)
+    assert (refused.accepted, refused.field) == (False, "actor")
+    # Sent again on alice's own subject, the same id is answered, not decided.
+    alice = await Client.connect(nats_url, vb.layout.prefix, actor="user:alice")
+    try:
+        assert await alice.run(forged, check=False) == refused
+    finally:
+        await alice.close()
+    assert await topics_since(vb, created.sequences[-1]) == ["CommandRejected.v1"]
+
+
+async def _eventually_consumed(vb: Client, last: int) -> None:
+    """Until the intake has acknowledged every command up to stream sequence `last`."""
+    consumer = "controlplane-commands"
+    for _ in range(200):
+        info = await vb.js.consumer_info(vb.layout.commands_stream, consumer)
+        if info.ack_floor.stream_seq >= last:
+            return
+        await asyncio.sleep(0.05)  # poll interval of a condition wait, not synchronisation
+    raise AssertionError(f"the intake did not acknowledge up to {last}")
