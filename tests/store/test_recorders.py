@@ -12,6 +12,7 @@ from eventsourcing.persistence import (
     ApplicationRecorder,
     InfrastructureFactory,
     ProcessRecorder,
+    StoredEvent,
     TrackingRecorder,
 )
 from eventsourcing.tests.persistence import (
@@ -153,5 +154,23 @@ def test_the_store_leaves_an_installations_streams_and_buckets_as_configured(
         ds = factory.datastore
         info = ds.bridge.run(ds.js.stream_info(layout.events_stream))
         assert info.config.description == "as the installation configured it"
+    finally:
+        factory.close()
+
+
+def test_an_append_answers_its_events_sequences_in_the_callers_order(
+        nats_url: str, prefix: str) -> None:
+    """Events of two aggregates, interleaved: each notification id is its own event's (they
+    came back grouped by aggregate)."""
+    factory = JetStreamFactory(Environment(env={"NATS_URL": nats_url, "VIRTBUS_PREFIX": prefix}))
+    try:
+        recorder = factory.application_recorder()
+        stored = [StoredEvent(originator_id=agg, originator_version=version,
+                              topic=f"{agg}-{version}", state=b"")
+                  for agg, version in (("a.x.one", 1), ("a.x.two", 1), ("a.x.one", 2))]
+        ids = recorder.insert_events(stored)
+        assert ids is not None
+        by_id = {n.id: n.topic for n in recorder.select_notifications(ids[0], 3)}
+        assert [by_id[i] for i in ids] == ["a.x.one-1", "a.x.two-1", "a.x.one-2"]
     finally:
         factory.close()
