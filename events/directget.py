@@ -37,8 +37,8 @@ async def direct_batch(nc: Client, stream: str, start: int, limit: int, subject:
     async def collect(msg: Msg) -> None:
         headers = msg.headers or {}
         status = headers.get("Status")
-        if status is None:
-            out.append(msg)
+        if status is None or "Nats-Sequence" in headers:  # a stored message (whatever it
+            out.append(msg)                               # carries) has its sequence
         elif not end.done():
             end.set_result(status)
 
