@@ -100,9 +100,10 @@ def encode(event: Event) -> bytes:
 
 
 def _build_decoder(cls: type[Event]) -> msgspec.msgpack.Decoder[Any]:
-    """The class's decoder, built by one thread at a time: the control loop and the command
-    writer's thread may first decode a class at once, and msgspec building the same class's
-    type information in two threads crashed the control plane (SIGSEGV) at a restart."""
+    """The class's decoder, built by one thread at a time: a process using the library's
+    store (its bridge thread) and asyncio readers may first decode a class at once, and
+    msgspec building the same class's type information in two threads crashed the control
+    plane (SIGSEGV) when it had a writer thread."""
     with _building:
         decoder = _decoders.get(cls)
         if decoder is None:
@@ -110,25 +111,13 @@ def _build_decoder(cls: type[Event]) -> msgspec.msgpack.Decoder[Any]:
         return decoder
 
 
-def prepare_decoders() -> None:
-    """Build every event class's decoder, and msgspec's type information for every struct
-    of the catalog's modules, now, in the calling thread. A process that decodes in several
-    threads (the control plane's loop and its command writer) calls this before it starts
-    them, so no struct's first use can race in two threads (see `_build_decoder`)."""
-    catalog = importlib.import_module("events.catalog")
-    for cls in set(_REGISTRY.values()):
-        _build_decoder(cls)
-    for module in catalog.MODULES:
-        for value in vars(module).values():
-            if isinstance(value, type) and issubclass(value, msgspec.Struct) \
-                    and value.__module__ == module.__name__:
-                msgspec.msgpack.Decoder(value)
-
-
 def decode(topic: str, state: bytes) -> Event:
     """Decode a stored event, upcasting an old schema on the way."""
     name, schema = split_topic(topic)
     cls = event_class(name)
+    if schema > cls.SCHEMA:
+        raise MapperDeserialisationError(
+            f"{topic} is newer than this version reads (schema {cls.SCHEMA})")
     if schema == cls.SCHEMA:
         decoder = _decoders.get(cls) or _build_decoder(cls)
         return decoder.decode(state)  # type: ignore[no-any-return]
