@@ -29,10 +29,10 @@ from events.api.hco_defaults import KIND as HCO_API_KIND
 from events.api.manifest import decode_object
 from events.codec import Event
 from events.connect import connect
-from events.directget import read_all, sequence
+from events.directget import last_on, read_all, sequence
 from events.errors import InvalidSpec, NotFound
 from events.hco import HCO_KIND, OPERAND_TOKENS
-from events.messages import Command, Outcome
+from events.messages import Command, Outcome, marker_aggregate, recorded_outcome
 from events.nodes import NODE_KIND
 from events.query import Query, ask
 from events.subjects import DEFAULT_PREFIX, Layout, aggregate_id, encode_token, split_aggregate_id
@@ -181,13 +181,20 @@ class Client:
         return _decode_outcome(msg.data)
 
     async def _stored_outcome(self, command_id: str) -> Outcome | None:
+        """From the outcomes bucket, or, once its entry has expired, from the command's
+        marker in the log (the record the bucket only delivers)."""
         if self._outcomes is None:  # bound once, not a STREAM.INFO round trip per look
             self._outcomes = await self.js.key_value(self.layout.outcomes_bucket)
         try:
             entry = await self._outcomes.get(encode_token(command_id))
         except KeyNotFoundError:
-            return None
-        return _decode_outcome(entry.value) if entry.value else None
+            entry = None
+        if entry is not None and entry.value:
+            return _decode_outcome(entry.value)
+        marker = await last_on(self.nc, self.layout.events_stream,
+                               self.layout.aggregate_subject(marker_aggregate(command_id)))
+        event = read_event(marker) if marker is not None else None
+        return recorded_outcome(event, sequence(marker)) if marker and event else None
 
     async def apply(self, *manifests: dict[str, Any], check: bool = True) -> list[Outcome]:
         """Validate every manifest locally first, so a bad document submits nothing."""

@@ -53,7 +53,14 @@ from events.datastore import (
 from events.directget import sequence
 from events.errors import InvalidSpec, VirtbusError
 from events.groupcommit import GroupCommit
-from events.messages import COMMAND_KIND, Command, CommandAccepted, CommandRejected, Outcome
+from events.messages import (
+    Command,
+    CommandAccepted,
+    CommandRejected,
+    Outcome,
+    marker_aggregate,
+    recorded_outcome,
+)
 from events.subjects import aggregate_id
 from projections.cluster import VIEW_KINDS
 from projections.follower import read_event
@@ -107,7 +114,7 @@ class Scan(msgspec.Struct, frozen=True):
 
 def marker_id(command: Command) -> str:
     """The id of a command's marker aggregate, `command._.<id>`."""
-    return aggregate_id(COMMAND_KIND, "", command.id)
+    return marker_aggregate(command.id)
 
 
 class CommandView(View):
@@ -407,27 +414,17 @@ class CommandHandler:
                       list(zip(event_seqs, events, strict=True)))
 
     async def prior(self, command: Command) -> Result | None:
-        """The first outcome of this command, from its marker in the log, if it has one.
-
-        An accepted marker leads its atomic batch, whose events are stored contiguously, so
-        the command's events are the `event_count` sequences right after it.
-        """
+        """The first outcome of this command, from its marker in the log, if it has one."""
         layout = self.log.layout
         msg = await self.log.last_on(layout.events_stream,
                                      layout.aggregate_subject(marker_id(command)))
         if msg is None:
             return None
-        marker = decode((msg.headers or {})[TOPIC_HEADER], msg.data)
-        match marker:
-            case CommandAccepted(event_count=count):
-                first = sequence(msg) + 1
-                return Result(Outcome(command_id=command.id, accepted=True,
-                                      sequences=list(range(first, first + count))))
-            case CommandRejected(reason=reason, field=field):
-                return Result(Outcome(command_id=command.id, accepted=False, reason=reason,
-                                      field=field))
-            case _:
-                raise OutcomeUnknown(f"command {command.id} has a marker of type {marker.TYPE}")
+        outcome = recorded_outcome(decode((msg.headers or {})[TOPIC_HEADER], msg.data),
+                                   sequence(msg))
+        if outcome is None:
+            raise OutcomeUnknown(f"command {command.id} has a marker this version cannot read")
+        return Result(outcome)
 
 
 def _message(subject: str, event: Event, expect: int | None) -> Outgoing:

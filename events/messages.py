@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from events.codec import Event, event_type
+from events.subjects import aggregate_id
 
 COMMAND_KIND: Final = "command"
 
@@ -72,6 +73,25 @@ class CommandRejected(Event, frozen=True, kw_only=True):
     target: str
     reason: str
     field: str = ""
+
+
+def marker_aggregate(command_id: str) -> str:
+    """The aggregate of a command's outcome marker, `command._.<id>`: it may exist once."""
+    return aggregate_id(COMMAND_KIND, "", command_id)
+
+
+def recorded_outcome(marker: Event, sequence: int) -> Outcome | None:
+    """The outcome a command's marker (stored at `sequence`) records; None for an event that
+    is not a marker. An accepted marker leads its atomic batch, whose events are stored
+    contiguously, so the command's events are the `event_count` sequences right after it."""
+    match marker:
+        case CommandAccepted(command_id=command_id, event_count=count):
+            return Outcome(command_id=command_id, accepted=True,
+                           sequences=list(range(sequence + 1, sequence + 1 + count)))
+        case CommandRejected(command_id=command_id, reason=reason, field=field):
+            return Outcome(command_id=command_id, accepted=False, reason=reason, field=field)
+        case _:
+            return None
 
 
 NodeVerb = Literal["launch", "stop", "pause", "unpause", "restart"]

@@ -17,6 +17,7 @@ from controlplane.writer import Writer
 from events.directget import read_all
 from events.messages import Command
 from events.streams import ensure_all
+from events.subjects import encode_token
 from tests.system.harness import topics_since, vm_manifest
 
 
@@ -102,3 +103,18 @@ async def _eventually_consumed(vb: Client, last: int) -> None:
             return
         await asyncio.sleep(0.05)  # poll interval of a condition wait, not synchronisation
     raise AssertionError(f"the intake did not acknowledge up to {last}")
+
+
+async def test_an_outcome_gone_from_the_bucket_is_read_from_the_log(vb: Client) -> None:
+    """The bucket only delivers (its entries expire after a week); the marker is the record."""
+    [created] = await vb.apply(vm_manifest("web", "Halted"))
+    [command_id] = await _command_ids(vb)
+    kv = await vb.js.key_value(vb.layout.outcomes_bucket)
+    await kv.purge(encode_token(command_id))
+    assert await vb.outcome(command_id, timeout=5) == created
+
+
+async def _command_ids(vb: Client) -> list[str]:
+    """The ids of the commands in the commands stream, in order."""
+    msgs = await read_all(vb.nc, vb.layout.commands_stream, vb.layout.commands_filter)
+    return [msgspec.msgpack.decode(m.data, type=Command).id for m in msgs]
