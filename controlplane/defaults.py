@@ -21,5 +21,4 @@ INTAKE_RETRY_SECONDS: Final = 1.0
 """How long a message the log could not take waits before it is delivered again."""
 MAX_DELIVER: Final = 5
 """Deliveries of one command or report before it is dead-lettered."""
-MAX_COMMAND_ID_LENGTH: Final = 200
 COMMAND_AWAIT_TIMEOUT_SECONDS: Final = 30.0

@@ -54,10 +54,14 @@ from events.directget import sequence
 from events.errors import InvalidSpec, VirtbusError
 from events.groupcommit import GroupCommit
 from events.messages import (
+    MAX_ID_LENGTH,
+    MAX_NAME_LENGTH,
+    MAX_TOKEN_LENGTH,
     Command,
     CommandAccepted,
     CommandRejected,
     Outcome,
+    check_envelope,
     marker_aggregate,
     recorded_outcome,
 )
@@ -183,7 +187,9 @@ class Decision:
     def __init__(self, memory: Memory, command: Command, scans: dict[str, Scan]) -> None:
         self.memory = memory
         self.command = command
-        self.cause = Cause(command.actor, command.id, command.correlation_id or command.id)
+        # Clipped: a refusal of an over-long envelope still fits in the log.
+        self.cause = Cause(command.actor[:MAX_ID_LENGTH], command.id,
+                           (command.correlation_id or command.id)[:MAX_ID_LENGTH])
         self.touched: dict[str, Aggregate[Any]] = {}
         self.seen: dict[str, int] = {}
         self.scans = scans
@@ -291,6 +297,10 @@ class CommandHandler:
         bound = log.bind(command_id=command.id, kind=command.kind, verb=command.verb,
                          name=command.name, namespace=command.namespace, actor=command.actor,
                          correlation_id=command.correlation_id or command.id)
+        try:
+            check_envelope(command)
+        except InvalidSpec as e:
+            return await self.record_refusal(command, Verdict(e.rule, e.field))
         scans: dict[str, Scan] = {}
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
@@ -368,7 +378,8 @@ class CommandHandler:
     def _batch(self, decision: Decision, verdict: Verdict | None) -> list[Outgoing]:
         cmd, layout = decision.command, self.log.layout
         marker = Aggregate(CommandView(marker_id(cmd)))
-        common = {"command_id": cmd.id, "kind": cmd.kind, "verb": cmd.verb, "target": cmd.name}
+        common = {"command_id": cmd.id, "kind": cmd.kind[:MAX_TOKEN_LENGTH],
+                  "verb": cmd.verb[:MAX_TOKEN_LENGTH], "target": cmd.name[:MAX_NAME_LENGTH]}
         events = decision.events if verdict is None else []
         if verdict is None:
             marker.trigger(decision.cause, CommandAccepted, event_count=len(events), **common)

@@ -35,7 +35,6 @@ from nats.js.kv import KeyValue
 from controlplane.defaults import (
     INTAKE_CONCURRENCY,
     INTAKE_RETRY_SECONDS,
-    MAX_COMMAND_ID_LENGTH,
     MAX_DELIVER,
     PULL_EXPIRES_SECONDS,
     PULL_TOP_UP,
@@ -43,8 +42,9 @@ from controlplane.defaults import (
 from controlplane.handling import Verdict
 from controlplane.writer import Writer
 from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped
-from events.messages import Command, NodeReport
+from events.messages import MAX_ID_LENGTH, Command, NodeReport, message_decoder
 from events.subjects import Layout, encode_token
+from events.transient import is_transient, note, retry_until_stopped
 
 log = structlog.get_logger(__name__)
 
@@ -52,8 +52,8 @@ COMMANDS_CONSUMER = "controlplane-commands"
 REPORTS_CONSUMER = "controlplane-reports"
 _REPORT_IDS = uuid.UUID("5b0e1c77-3f41-5d2e-8a6b-1c9d0e7f2a34")
 
-_decode_command = msgspec.msgpack.Decoder(Command).decode
-_decode_report = msgspec.msgpack.Decoder(NodeReport).decode
+_decode_command = message_decoder(Command)
+_decode_report = message_decoder(NodeReport)
 _encode = msgspec.msgpack.Encoder().encode
 _encode_json = msgspec.json.Encoder().encode
 
@@ -78,6 +78,10 @@ class Consumer:
         """Messages asked for with pull requests and not yet delivered."""
         self._running: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._unanswered = ""
+        """Why the server could not serve the last pull (no consumer leader, a leadership
+        change): the next ask waits a little, and makes sure the consumer is there."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Keep pull requests outstanding for as many messages as there are free places,
@@ -87,12 +91,28 @@ class Consumer:
                                 ack_wait=ACK_WAIT_SECONDS, max_deliver=MAX_DELIVER,
                                 max_ack_pending=INTAKE_CONCURRENCY * 4,
                                 filter_subject=self.subject)
-        await self.nc.jetstream().add_consumer(self.stream, config)  # or brings it up to date
+        self._stop = stop
+
+        async def ensure_consumer() -> bool:  # or brings it up to date
+            return await retry_until_stopped(
+                lambda: self.nc.jetstream().add_consumer(self.stream, config),
+                "setting up the intake's consumer", stop, stream=self.stream) is not None
+
+        if not await ensure_consumer():
+            return
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox, cb=self._arrived)
         pull = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}"
         try:
             while not stop.is_set():
+                if self._unanswered:  # a cluster electing leaders: do not ask in a spin
+                    log.warning("intake's pull went unanswered; asking again",
+                                stream=self.stream, reason=self._unanswered)
+                    self._unanswered = ""
+                    await pause_unless_stopped(stop, INTAKE_RETRY_SECONDS)
+                    if not await ensure_consumer():
+                        break
+                    continue
                 want = INTAKE_CONCURRENCY - len(self._running) - self._asked
                 if want >= PULL_TOP_UP or (want > 0 and self._asked == 0):
                     request = {"batch": want, "expires": int(PULL_EXPIRES_SECONDS * 1e9)}
@@ -119,6 +139,8 @@ class Consumer:
         if "Status" in headers:
             pending = headers.get("Nats-Pending-Messages")
             self._asked = max(0, self._asked - int(pending)) if pending else 0
+            if headers["Status"] in ("503", "409"):  # no responders; a leadership change
+                self._unanswered = f"{headers['Status']} {headers.get('Description', '')}"
         else:
             self._asked = max(0, self._asked - 1)
             task = asyncio.ensure_future(self._one(msg))
@@ -133,18 +155,37 @@ class Consumer:
     async def _one(self, msg: Msg) -> None:
         try:
             async with claimed(msg):
-                await self.work(msg)
+                await self._work_through(msg)
             await msg.ack()
         except DeadLetter as e:
             await self._dead_letter(msg, str(e))
         except Exception as e:  # the log or the connection failed this time: again later
             delivered = msg.metadata.num_delivered
-            if delivered >= MAX_DELIVER:
+            if delivered >= MAX_DELIVER and not is_transient(e):
                 await self._dead_letter(msg, f"failed {delivered} times, last: {e!r}")
                 return
             log.warning("intake message failed; it will be delivered again",
                         subject=msg.subject, delivered=delivered, error=repr(e))
             await _quietly(msg.nak(delay=INTAKE_RETRY_SECONDS))
+
+    async def _work_through(self, msg: Msg) -> None:
+        """The message's work, tried again in place, claim kept, while NATS fails it for a
+        moment (a server lost, a leader being elected): a command is not dead-lettered for
+        the cluster's trouble. Its first outcome stays final: a retried command that was
+        recorded already answers from its marker."""
+        attempt = 0
+        while True:
+            try:
+                await self.work(msg)
+                return
+            except Exception as e:
+                if not is_transient(e) or self._stop.is_set():
+                    raise
+                attempt += 1
+                await pause_unless_stopped(self._stop, note(
+                    "intake message", e, attempt, stream=self.stream, subject=msg.subject))
+                if self._stop.is_set():
+                    raise
 
     async def _dead_letter(self, msg: Msg, reason: str) -> None:
         self.dead_letters += 1
@@ -183,8 +224,8 @@ def decode_command(msg: Msg) -> Command:
         command = _decode_command(msg.data)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise DeadLetter(f"not a command: {e}") from None
-    if not 0 < len(command.id) <= MAX_COMMAND_ID_LENGTH:
-        raise DeadLetter(f"id: must be 1 to {MAX_COMMAND_ID_LENGTH} characters")
+    if not 0 < len(command.id) <= MAX_ID_LENGTH:
+        raise DeadLetter(f"id: must be 1 to {MAX_ID_LENGTH} characters")
     return command
 
 
@@ -196,7 +237,11 @@ class CommandIntake:
         self.outcomes: KeyValue | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        self.outcomes = await self.nc.jetstream().key_value(self.layout.outcomes_bucket)
+        self.outcomes = await retry_until_stopped(
+            lambda: self.nc.jetstream().key_value(self.layout.outcomes_bucket),
+            "binding the outcomes bucket", stop)
+        if self.outcomes is None:  # stopped first
+            return
         await Consumer(self.nc, self.layout, stream=self.layout.commands_stream,
                        subject=self.layout.commands_filter, durable=COMMANDS_CONSUMER,
                        work=self.handle).run(stop)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from controlplane.aggregate import Aggregate
 from controlplane.handling import Decision, Rejected, handles
 from events.api.node import NodeInfo
@@ -10,6 +12,12 @@ from events.subjects import aggregate_id
 from projections.views import NodeView
 
 KIND = "Node"
+
+
+class NotReadyBody(msgspec.Struct, frozen=True, kw_only=True):
+    """The node lifecycle controller's `not-ready`: why."""
+
+    reason: str = "NodeStatusUnknown"
 
 
 def load_node(d: Decision) -> Aggregate[NodeView]:
@@ -42,5 +50,5 @@ def not_ready(d: Decision) -> None:
     node = load_node(d)
     if not node.exists or not node.state.ready:
         raise Rejected("unknown or already NotReady")
-    reason = (d.command.manifest or {}).get("reason", "NodeStatusUnknown")
+    reason = d.body(NotReadyBody).reason
     d.trigger(node, NodeNotReady, reason=reason)

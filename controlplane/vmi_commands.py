@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 
+import msgspec
 import structlog
 
 from controlplane.aggregate import Aggregate
@@ -37,6 +38,18 @@ from projections.views import TERMINAL_PHASES, VirtualMachineInstanceView, Virtu
 log = structlog.get_logger(__name__)
 
 KIND = "VirtualMachineInstance"
+
+
+class ScheduleBody(msgspec.Struct, frozen=True, kw_only=True):
+    """The scheduler's `schedule`: the node it chose."""
+
+    node: str
+
+
+class FailBody(msgspec.Struct, frozen=True, kw_only=True):
+    """A controller's `fail` (the node under the VMI is lost): why."""
+
+    reason: str = ""
 
 
 def load_vmi(d: Decision) -> Aggregate[VirtualMachineInstanceView]:
@@ -91,7 +104,7 @@ def create_for_vm(d: Decision) -> None:
 @handles(KIND, "schedule")
 def schedule(d: Decision) -> None:
     vmi = existing_vmi(d)
-    node = (d.command.manifest or {}).get("node", "")
+    node = d.body(ScheduleBody).node
     if vmi.state.node or vmi.state.phase != "Pending" or vmi.state.deletion_requested_at:
         raise Rejected("already scheduled or going away")
     d.trigger(vmi, VirtualMachineInstanceScheduled, node=node)
@@ -101,7 +114,7 @@ def schedule(d: Decision) -> None:
 def fail(d: Decision) -> None:
     """A controller's verdict, e.g. the node under a VMI is lost."""
     vmi = existing_vmi(d)
-    reason = (d.command.manifest or {}).get("reason", "")
+    reason = d.body(FailBody).reason
     if vmi.state.phase in TERMINAL_PHASES:
         raise Rejected("already finished")
     d.trigger(vmi, VirtualMachineInstancePhaseChanged, phase="Failed", reason=reason)

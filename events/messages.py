@@ -10,14 +10,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from collections.abc import Callable
+from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 
 from events.codec import Event, event_type
+from events.errors import InvalidSpec
 from events.subjects import aggregate_id
 
 COMMAND_KIND: Final = "command"
+M = TypeVar("M", bound=msgspec.Struct)
 
 Verb = Literal["apply", "start", "stop", "restart", "delete", "pause", "unpause", "soft-reboot",
                "patch"]
@@ -36,6 +39,49 @@ class Command(msgspec.Struct, frozen=True, kw_only=True):
     """The whole object, for `apply`."""
     correlation_id: str = ""
     grace_period_seconds: int | None = None
+
+
+MAX_NAME_LENGTH: Final = 253
+"""An object's name (a DNS-1123 subdomain at most, as Kubernetes names are)."""
+MAX_TOKEN_LENGTH: Final = 63
+"""A kind, a verb, a namespace: DNS-1123 labels at most."""
+MAX_ID_LENGTH: Final = 200
+"""A command's id and correlation id, and an actor."""
+
+
+def check_envelope(command: Command) -> None:
+    """What of a command becomes subjects, headers and markers is bounded, so that no
+    command can make the log refuse the record of its own outcome."""
+    for field, value, limit in (
+        ("kind", command.kind, MAX_TOKEN_LENGTH),
+        ("verb", command.verb, MAX_TOKEN_LENGTH),
+        ("metadata.namespace", command.namespace, MAX_TOKEN_LENGTH),
+        ("metadata.name", command.name, MAX_NAME_LENGTH),
+        ("actor", command.actor, MAX_ID_LENGTH),
+        ("correlationId", command.correlation_id, MAX_ID_LENGTH),
+    ):
+        if len(value) > limit:
+            raise InvalidSpec(field, f"must be at most {limit} characters")
+
+
+def _no_extensions(code: int, data: memoryview) -> Any:
+    raise msgspec.ValidationError(f"msgpack extension type {code} is not allowed")
+
+
+def message_decoder(cls: type[M]) -> Callable[[bytes], M]:
+    """A strict decoder for what arrives over the wire: JSON-like data only (a msgpack
+    extension would pass into free-form fields and break every reader after it)."""
+    decoder = msgspec.msgpack.Decoder(cls, ext_hook=_no_extensions)
+
+    def decode(data: bytes) -> M:
+        try:
+            return decoder.decode(data)
+        except msgspec.DecodeError:
+            raise
+        except (UnicodeDecodeError, RecursionError, ValueError) as e:  # not UTF-8, too deep
+            raise msgspec.DecodeError(f"{type(e).__name__}: {e}") from None
+
+    return decode
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
