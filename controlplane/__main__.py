@@ -8,7 +8,7 @@ import sys
 
 from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS
 from controlplane.service import run
-from events.connect import add_arguments
+from events.connect import NATS_FAILURES, add_arguments, stopped_by
 from events.logs import configure
 from events.subjects import Layout
 
@@ -23,8 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node-grace", type=float, default=NODE_MONITOR_GRACE_SECONDS)
     args = parser.parse_args(argv)
     configure()
-    return run(args.nats_url, Layout(args.prefix), replicas=args.replicas,
-               node_grace_seconds=args.node_grace)
+    try:
+        return run(args.nats_url, Layout(args.prefix), replicas=args.replicas,
+                   node_grace_seconds=args.node_grace)
+    except NATS_FAILURES as e:  # a malformed URL; NATS lost past what the service rides out
+        return stopped_by(e)
 
 
 if __name__ == "__main__":

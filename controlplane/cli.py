@@ -25,7 +25,14 @@ from controlplane.client import CLUSTER_SCOPED, Client, CommandRejected
 from controlplane.context import resolve
 from controlplane.up import TEST_DRIVER_URI, UpOptions, up
 from events.api.manifest import parse_documents
-from events.connect import NATS_URL_ENV, PREFIX_ENV
+from events.connect import (
+    NATS_FAILURES,
+    NATS_URL_ENV,
+    PREFIX_ENV,
+    Unreachable,
+    describe,
+    shown,
+)
 from events.errors import InvalidSpec, NotFound
 from events.logs import configure
 from events.messages import SimReply, SimRequest
@@ -421,7 +428,14 @@ def main(argv: list[str] | None = None) -> int:
                          libvirt_uri=args.libvirt_uri,
                          replicas=args.replicas, http_port=args.http_port,
                          **({"node_grace_seconds": args.node_grace} if args.node_grace else {}))
-        return up(opts)
+        try:
+            return up(opts)
+        except Unreachable as e:
+            print(f"error: {e}", file=sys.stderr)
+        except NATS_FAILURES as e:  # reached, but its set-up failed (no JetStream, say)
+            where = shown(opts.nats_url) if opts.nats_url else "the embedded nats-server"
+            print(f"error: NATS at {where}: {describe(e)}", file=sys.stderr)
+        return 1
     if args.command == "domxml":
         files = [a for f in args.filename for a in ("-f", f)]
         return subprocess.call([sys.executable, "-m", "nodeagent", "domxml", *files,
@@ -443,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     except CommandRejected as e:
         print(f"error: {e}", file=sys.stderr)
     except NotFound as e:
+        print(f"error: {e}", file=sys.stderr)
+    except Unreachable as e:  # before OSError, its base
         print(f"error: {e}", file=sys.stderr)
     except NoRespondersError:
         print("error: the read service is not answering; is `virtbus up` running?",

@@ -107,7 +107,12 @@ def up(opts: UpOptions) -> int:
         server = EmbeddedNats(opts.data_dir / "nats", port=opts.nats_port).start()
         url = server.url
     layout = Layout(opts.prefix)
-    asyncio.run(_prepare(url, layout, opts.replicas))
+    try:
+        asyncio.run(_prepare(url, layout, opts.replicas))
+    except BaseException:  # Unreachable above all: no server of ours left behind
+        if server is not None:
+            server.stop()
+        raise
     http_port = opts.http_port or free_port()
     procs = children(opts, url, logs, http_port)
     for child in procs:
@@ -145,7 +150,9 @@ def up(opts: UpOptions) -> int:
 
 
 async def _prepare(url: str, layout: Layout, replicas: int) -> None:
-    nc = await connect(url, "virtbus-up")
+    """Streams and buckets, before any child starts; `Unreachable` (one sentence) if no
+    server of `url` answers: a person is waiting, so `up` does not retry for ever."""
+    nc = await connect(url, "virtbus-up", allow_reconnect=False)
     try:
         await ensure_all(nc.jetstream(), layout, replicas)
     finally:

@@ -7,7 +7,7 @@ import asyncio
 import signal
 import sys
 
-from events.connect import add_arguments
+from events.connect import NATS_FAILURES, add_arguments, stopped_by
 from events.logs import configure
 from nodeagent.agent import AgentConfig, NodeAgent
 from nodeagent.converter import defaults
@@ -22,10 +22,24 @@ from nodeagent.simhost import TEST_DEFAULT_URI
 
 
 async def _serve(agent: NodeAgent) -> None:
+    """The agent until SIGTERM or SIGINT. A signal before it has started (NATS may not be
+    answering: its connection retries for ever) cancels the start-up, which holds nothing
+    that must be finished; after, it stops the agent in order."""
     stop = asyncio.Event()
+    run = asyncio.ensure_future(agent.run(stop))
+
+    def on_signal() -> None:
+        stop.set()
+        if not agent.started.is_set():
+            run.cancel()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    await agent.run(stop)
+        asyncio.get_running_loop().add_signal_handler(sig, on_signal)
+    try:
+        await run
+    except asyncio.CancelledError:
+        if not stop.is_set():
+            raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         agent = NodeAgent(cfg)
     except SimulationRefused as e:
         parser.error(str(e))
-    asyncio.run(_serve(agent))
+    try:
+        asyncio.run(_serve(agent))
+    except NATS_FAILURES as e:  # a malformed URL; NATS lost past what the service rides out
+        return stopped_by(e)
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from events.connect import add_arguments
+from events.connect import NATS_FAILURES, add_arguments, stopped_by
 from events.logs import configure
 from events.subjects import Layout
 from projections.service import run
@@ -24,7 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.listen:
         host, _, port = args.listen.rpartition(":")
         listen = (host or "0.0.0.0", int(port))
-    run(args.nats_url, Layout(args.prefix), listen)
+    try:
+        run(args.nats_url, Layout(args.prefix), listen)
+    except NATS_FAILURES as e:  # a malformed URL; NATS lost past what the service rides out
+        return stopped_by(e)
     return 0
 
 
