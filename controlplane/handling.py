@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import structlog
+from eventsourcing.persistence import PersistenceError
 
 from controlplane.aggregate import Aggregate, Cause
 from events.api.manifest import decode_object
@@ -319,6 +320,9 @@ class CommandHandler:
                     self.memory.forget(agg_id, seen)
                 scans.clear()
                 continue
+            except PersistenceError as e:  # the log refuses these events as they are
+                return await self.record_refusal(
+                    command, Verdict(f"the log refused this command's events: {e}"))
             return self._recorded(decision, verdict, seqs, bound)
         return await self.record_refusal(
             command, Verdict("the object kept changing concurrently; retry"))

@@ -38,6 +38,7 @@ from eventsourcing.persistence import (
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
+from nats.errors import MaxPayloadError
 
 from events.bridge import NatsBridge
 from events.codec import event_id
@@ -211,6 +212,8 @@ class EventLog:
                 reply = await nc.request(out.subject, out.data, headers=headers,
                                          timeout=ACK_TIMEOUT)
                 return _decode_ack(reply.data)
+        except MaxPayloadError as e:  # refused before anything of the batch was committed
+            raise PersistenceError(f"a message is larger than the server takes ({e})") from e
         except (TimeoutError, NatsError) as e:
             raise OutcomeUnknown(f"no answer to an append: {e!r}") from e
         raise ProgrammingError("an append needs at least one message")

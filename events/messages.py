@@ -62,6 +62,9 @@ def check_envelope(command: Command) -> None:
     ):
         if len(value) > limit:
             raise InvalidSpec(field, f"must be at most {limit} characters")
+    for field, value in (("kind", command.kind), ("verb", command.verb)):
+        if not value:
+            raise InvalidSpec(field, "must not be empty")
 
 
 def _no_extensions(code: int, data: memoryview) -> Any:
