@@ -33,10 +33,11 @@ from events.connect import (
     describe,
     shown,
 )
+from events.directget import read_all, sequence
 from events.errors import InvalidSpec, NotFound
 from events.logs import configure
 from events.messages import SimReply, SimRequest
-from events.subjects import DEFAULT_PREFIX, split_aggregate_id
+from events.subjects import DEFAULT_PREFIX, decode_token, split_aggregate_id
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY
 from projections.query import resolve_kind
 
@@ -241,6 +242,34 @@ async def cmd_annotate(args: argparse.Namespace, vb: Client) -> int:
     return 0
 
 
+async def dead_letters(vb: Client) -> list[dict[str, Any]]:
+    """What the control plane could never handle, kept with the reason (oldest first)."""
+    layout = vb.layout
+    msgs = await read_all(vb.nc, layout.dead_letter_stream, f"{layout.prefix}.dead.>")
+    return [{"sequence": sequence(m),
+             "stream": decode_token((m.headers or {})["Nats-Subject"].rsplit(".", 1)[1]),
+             "subject": (m.headers or {}).get("Vb-Subject", ""),
+             "streamSequence": (m.headers or {}).get("Vb-Sequence", ""),
+             "reason": (m.headers or {}).get("Vb-Reason", ""), "bytes": len(m.data)}
+            for m in msgs]
+
+
+async def cmd_dead_letters(args: argparse.Namespace, vb: Client) -> int:
+    letters = await dead_letters(vb)
+    if args.output == "json":
+        print(json.dumps(letters, indent=2))
+        return 0
+    if not letters:
+        print("No dead letters.")
+        return 0
+    rows = [["SEQ", "STREAM", "AT", "SUBJECT", "REASON"]]
+    for d in letters:
+        rows.append([str(d["sequence"]), str(d["stream"]), str(d["streamSequence"]),
+                     str(d["subject"])[:40], str(d["reason"])[:80]])
+    print(table(rows))
+    return 0
+
+
 async def cmd_metrics(_args: argparse.Namespace, vb: Client) -> int:
     [exposition] = await vb.query(METRICS_QUERY)
     print(exposition["text"], end="")
@@ -397,6 +426,10 @@ def _cluster_configuration(sub: Subparsers) -> None:
         run=cmd_metrics)
     sub.add_parser("alerts", help="alerts firing now, with labels and since-when").set_defaults(
         run=cmd_alerts)
+    dl = sub.add_parser("dead-letters",
+                        help="commands and reports that could never be handled, with why")
+    dl.add_argument("-o", "--output", choices=["json"])
+    dl.set_defaults(run=cmd_dead_letters)
 
 
 def _watchers(sub: Subparsers) -> None:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
+from controlplane.cli import dead_letters
 from controlplane.client import Client
 from controlplane.intake import CommandIntake
 from controlplane.writer import Writer
@@ -73,6 +74,9 @@ async def test_what_cannot_be_decoded_is_dead_lettered_and_the_intake_goes_on(
     assert len(reasons) == 2
     assert reasons[0].startswith("not a command")
     assert reasons[1] == "id: must be 1 to 200 characters"
+    # ... and an operator lists them (`virtbus dead-letters`)
+    assert [(d["stream"], d["reason"]) for d in await dead_letters(vb)] == [
+        (vb.layout.commands_stream, r) for r in reasons]
 
 
 async def test_a_command_claiming_another_actor_is_refused_for_good(
