@@ -24,3 +24,15 @@ def test_bench_prints_figures(module: str) -> None:
     for key in HEADLINE:
         assert isinstance(figures[key], int | float) and figures[key] > 0, (key, figures)
     assert figures["events"] == 200
+
+
+def test_bench_commands_prints_figures() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.commands", "--clients", "3", "--commands", "30"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    for key in ("per_s", "p50_ms", "p99_ms", "raw_publish_per_s", "raw_rtt_ms", "ratio"):
+        assert isinstance(figures[key], int | float) and figures[key] > 0, (key, figures)
+    assert (figures["commands"], figures["clients"]) == (30, 3)
