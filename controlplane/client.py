@@ -15,7 +15,7 @@ import getpass
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
-from typing import Any, Self
+from typing import Any, Final, Self
 
 import jsonpatch
 import msgspec
@@ -32,10 +32,17 @@ from events.connect import connect
 from events.directget import last_on, read_all, sequence
 from events.errors import InvalidSpec, NotFound
 from events.hco import HCO_KIND, OPERAND_TOKENS
-from events.messages import Command, Outcome, marker_aggregate, recorded_outcome
+from events.messages import (
+    Command,
+    Outcome,
+    check_envelope,
+    marker_aggregate,
+    recorded_outcome,
+)
 from events.nodes import NODE_KIND
 from events.query import Query, ask
 from events.subjects import DEFAULT_PREFIX, Layout, aggregate_id, encode_token, split_aggregate_id
+from events.transient import retry_within
 from events.vm import VM_KIND, VMI_KIND
 from projections.cluster import ClusterState
 from projections.follower import follow, read_event, start_sequence_at
@@ -48,6 +55,18 @@ CLUSTER_SCOPED = frozenset({"Node", HCO_API_KIND, *OPERAND_TOKENS})
 
 
 _decode_outcome = msgspec.msgpack.Decoder(Outcome).decode
+
+RETRY_WITHIN_SECONDS: Final = 20.0
+"""How long a read, a command's publish or an outcome's look-up retries what NATS cannot do
+now (a server of the cluster lost and the connection moved to another, a JetStream leader
+being elected, the read service reconnecting) before the error is raised."""
+RECONNECT_ATTEMPTS: Final = 3
+"""Attempts per server, at connect and after a lost connection, before the client gives up."""
+RECONNECT_WAIT_SECONDS: Final = 0.5
+"""Between two attempts at one server: a person is waiting."""
+OUTCOME_RECHECK_SECONDS: Final = 1.0
+"""How often an awaited outcome checks whether the connection was re-established meanwhile
+(an outcome published while it was down never arrives: it is read from the bucket then)."""
 
 
 class CommandRejected(Exception):
@@ -106,8 +125,10 @@ class Client:
 
     @classmethod
     async def connect(cls, url: str, prefix: str = DEFAULT_PREFIX, actor: str = "") -> Self:
-        nc = await connect(url, "virtbus-client", connect_timeout=5, allow_reconnect=False,
-                           max_reconnect_attempts=3, error_cb=_quiet)
+        # Reconnects (to another server of a cluster) when its server goes; a few attempts.
+        nc = await connect(url, "virtbus-client", connect_timeout=5, allow_reconnect=True,
+                           max_reconnect_attempts=RECONNECT_ATTEMPTS,
+                           reconnect_time_wait=RECONNECT_WAIT_SECONDS, error_cb=_quiet)
         return cls(nc, Layout(prefix), actor or default_actor())
 
     async def close(self) -> None:
@@ -128,11 +149,15 @@ class Client:
 
     async def submit(self, command: Command) -> bool:
         """Publish durably; whether the command stream already had it (a retried publish
-        is harmless: the stream's dedupe, then the command's marker, answer it)."""
+        is harmless: the stream's dedupe, then the command's marker, answer it). A publish
+        NATS cannot take now is sent again, for up to `RETRY_WITHIN_SECONDS`."""
+        check_envelope(command)
         subject = self.layout.command_subject(command.actor, KIND_TOKENS.get(
             command.kind, command.kind.lower()), command.verb)
-        ack = await self.js.publish(subject, msgspec.msgpack.encode(command),
-                                    headers={"Nats-Msg-Id": command.id})
+        ack = await retry_within(
+            lambda: self.js.publish(subject, msgspec.msgpack.encode(command),
+                                    headers={"Nats-Msg-Id": command.id}),
+            "sending a command", RETRY_WITHIN_SECONDS, command_id=command.id)
         return bool(ack.duplicate)
 
     async def outcome(self, command_id: str,
@@ -168,17 +193,33 @@ class Client:
 
     async def _settle(self, command_id: str, arrival: asyncio.Future[Msg], timeout: float, *,
                       stored_first: bool) -> Outcome:
-        if stored_first and (stored := await self._stored_outcome(command_id)) is not None:
+        if stored_first and (stored := await self._look_up(command_id)) is not None:
             return stored
-        try:
-            msg = await asyncio.wait_for(asyncio.shield(arrival), timeout)
-        except TimeoutError:
-            stored = await self._stored_outcome(command_id)
-            if stored is not None:
-                return stored
-            raise TimeoutError(f"no outcome for command {command_id} after {timeout:g}s; it "
-                               f"may still be decided: await it again by its id") from None
-        return _decode_outcome(msg.data)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        reconnects = self.nc.stats["reconnects"]
+        while True:
+            try:
+                msg = await asyncio.wait_for(asyncio.shield(arrival), min(
+                    OUTCOME_RECHECK_SECONDS, max(deadline - loop.time(), 0.0)))
+            except TimeoutError:
+                if loop.time() < deadline and self.nc.stats["reconnects"] == reconnects:
+                    continue
+                reconnects = self.nc.stats["reconnects"]  # it may have come meanwhile
+                stored = await self._look_up(command_id)
+                if stored is not None:
+                    return stored
+                if loop.time() < deadline:
+                    continue
+                raise TimeoutError(f"no outcome for command {command_id} after {timeout:g}s;"
+                                   f" it may still be decided: await it again by its id"
+                                   ) from None
+            return _decode_outcome(msg.data)
+
+    async def _look_up(self, command_id: str) -> Outcome | None:
+        return await retry_within(lambda: self._stored_outcome(command_id),
+                                  "reading an outcome", RETRY_WITHIN_SECONDS,
+                                  command_id=command_id)
 
     async def _stored_outcome(self, command_id: str) -> Outcome | None:
         """From the outcomes bucket, or, once its entry has expired, from the command's
@@ -232,8 +273,9 @@ class Client:
 
     async def query(self, kind: str, namespace: str = "", name: str = "",
                     after: int = 0) -> list[dict[str, Any]]:
-        answer = await ask(self.nc, self.layout,
-                           Query(kind=kind, namespace=namespace, name=name, after=after))
+        query = Query(kind=kind, namespace=namespace, name=name, after=after)
+        answer = await retry_within(lambda: ask(self.nc, self.layout, query),
+                                    "asking the read service", RETRY_WITHIN_SECONDS)
         if answer.error:
             raise RuntimeError(f"read service: {answer.error}")
         return answer.items

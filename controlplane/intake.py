@@ -8,8 +8,13 @@ isolated from the others:
 | decides (accepted, no-op or refused)         | outcome recorded in the log, published to   |
 |                                              | the outcomes bucket, acknowledged           |
 | does not decode, or has no usable id         | dead-lettered, terminated                   |
+| NATS failed it for a moment (a server lost,  | worked again in place, still claimed, after |
+| a leader being elected: `is_transient`)      | a pause (one log line), until it succeeds   |
 | the log could not be read or written         | redelivered after a pause; on its           |
 |                                              | `MAX_DELIVER`th delivery, dead-lettered     |
+
+A pull the server cannot serve (no consumer leader: 503; a leadership change: 409) is asked
+again after a pause, the consumer set up again first, never in a spin.
 
 Dead letters go to `<p>.dead.<stream>` (stream `<P>_DEADLETTERS`) with the original subject,
 sequence and the reason in headers: inspectable, counted (`virtbus_dead_letters_total`), and
@@ -140,7 +145,8 @@ class Consumer:
             pending = headers.get("Nats-Pending-Messages")
             self._asked = max(0, self._asked - int(pending)) if pending else 0
             if headers["Status"] in ("503", "409"):  # no responders; a leadership change
-                self._unanswered = f"{headers['Status']} {headers.get('Description', '')}"
+                why = headers.get("Description", "").split("\n")[0]  # nats-py runs on
+                self._unanswered = f"{headers['Status']} {why}".strip()
         else:
             self._asked = max(0, self._asked - 1)
             task = asyncio.ensure_future(self._one(msg))
@@ -161,7 +167,7 @@ class Consumer:
             await self._dead_letter(msg, str(e))
         except Exception as e:  # the log or the connection failed this time: again later
             delivered = msg.metadata.num_delivered
-            if delivered >= MAX_DELIVER and not is_transient(e):
+            if delivered >= MAX_DELIVER:
                 await self._dead_letter(msg, f"failed {delivered} times, last: {e!r}")
                 return
             log.warning("intake message failed; it will be delivered again",

@@ -1,7 +1,12 @@
 """Leader election: one key in the `P_LEASES` bucket. Whoever creates it leads and renews it
 by compare-and-set; the bucket's TTL frees it when a leader dies. A replica restarted under
 the same holder id (a supervisor's restart, a pod's container restart) takes its own lease
-back at once instead of waiting out the TTL."""
+back at once instead of waiting out the TTL.
+
+A renewal NATS cannot take now (a server of the cluster lost, the bucket's leader being
+elected) is tried again soon, never a reason to stop: the lease is lost only when another
+replica holds it. A renewal whose answer was lost (stored, but the revision unknown) is
+recognised by the value: ours still, it is renewed from there."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from nats.js.kv import KeyValue
 from events.aio import pause_unless_stopped
 from events.streams import LEASE_TTL
 from events.subjects import Layout
+from events.transient import is_transient, note, retry_until_stopped
 
 log = structlog.get_logger(__name__)
 
@@ -29,8 +35,11 @@ class Lease:
         self.holder = holder
         self.revision = 0
 
-    async def _kv(self) -> KeyValue:
-        return await self.nc.jetstream().key_value(self.layout.leases_bucket)
+    async def _kv(self, stop: asyncio.Event) -> KeyValue | None:
+        """The bucket (None if `stop` came first)."""
+        return await retry_until_stopped(
+            lambda: self.nc.jetstream().key_value(self.layout.leases_bucket),
+            "binding the lease bucket", stop)
 
     async def _try(self, kv: KeyValue) -> bool:
         value = self.holder.encode()
@@ -49,12 +58,21 @@ class Lease:
 
     async def acquire(self, stop: asyncio.Event) -> bool:
         """Wait until this replica leads (True) or `stop` is set (False)."""
-        kv = await self._kv()
+        kv = await self._kv(stop)
         waiting = False
-        while not stop.is_set():
-            if await self._try(kv):
-                log.info("leading", holder=self.holder)
-                return True
+        attempt = 0
+        while kv is not None and not stop.is_set():
+            try:
+                if await self._try(kv):
+                    log.info("leading", holder=self.holder)
+                    return True
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                attempt += 1
+                await pause_unless_stopped(stop, note("taking the lease", e, attempt))
+                continue
+            attempt = 0
             if not waiting:
                 log.info("standing by: another replica leads", holder=self.holder)
                 waiting = True
@@ -63,15 +81,26 @@ class Lease:
 
     async def hold(self, stop: asyncio.Event, lost: asyncio.Event) -> None:
         """Renew until `stop`; set `lost` if another replica took the lease meanwhile."""
-        kv = await self._kv()
-        while not stop.is_set():
-            await pause_unless_stopped(stop, RENEW_PERIOD)
+        kv = await self._kv(stop)
+        period = RENEW_PERIOD
+        attempt = 0
+        while kv is not None and not stop.is_set():
+            await pause_unless_stopped(stop, period)
             if stop.is_set():
                 return
             try:
-                self.revision = await kv.update(LEASE_KEY, self.holder.encode(),
-                                                last=self.revision)
-            except KeyWrongLastSequenceError:
-                log.error("lease lost; stopping", holder=self.holder)
-                lost.set()
-                return
+                try:
+                    self.revision = await kv.update(LEASE_KEY, self.holder.encode(),
+                                                    last=self.revision)
+                except KeyWrongLastSequenceError:
+                    if not await self._try(kv):  # not ours any more (else: taken back)
+                        log.error("lease lost; stopping", holder=self.holder)
+                        lost.set()
+                        return
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                attempt += 1
+                period = min(note("renewing the lease", e, attempt), RENEW_PERIOD)
+                continue
+            attempt, period = 0, RENEW_PERIOD

@@ -3,11 +3,17 @@ controllers, in that order, so each sees the same state at the same point.
 
 Start-up replays the whole log into the read model (dispatching only past the dispatcher's
 checkpoint), then reconciles every object once, then follows new events live.
+
+What NATS cannot do now (a server of the cluster lost, a leader being elected) is retried
+where it failed, one log line per attempt, until it works or the loop stops: a dispatch
+(deduplicated by the event's id), the checkpoint, the heartbeat watch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Final
 
 import structlog
 from nats.aio.client import Client
@@ -28,10 +34,17 @@ from events.aio import pause_unless_stopped
 from events.codec import Event
 from events.messages import Command
 from events.subjects import Layout
+from events.transient import is_transient, note, retry_until_stopped
 from projections.cluster import ClusterState
 from projections.follower import follow
 
 log = structlog.get_logger(__name__)
+
+STALLED_AFTER_PERIODS: Final = 3
+"""A node-monitor round that comes this many periods late (and at least half a grace
+period late) finds a process that did not run meanwhile: stopped, starved, a leader resumed
+after its lease moved. Heartbeats were not read meanwhile either, so no node is judged on
+them: every node gets its grace again, as at start."""
 
 
 class ControlLoop:
@@ -46,28 +59,48 @@ class ControlLoop:
         self.lifecycle = NodeLifecycle(nc, layout, node_grace_seconds)
         self.live = asyncio.Event()
         self._retrying: set[asyncio.Task[None]] = set()
+        self._stop = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
-        checkpoint = await self.dispatcher.load_checkpoint()
+        self._stop = stop
+        checkpoint = await retry_until_stopped(self.dispatcher.load_checkpoint,
+                                               "loading the dispatcher's checkpoint", stop)
+        if checkpoint is None:  # stopped first
+            return
         log.info("control loop replaying", dispatcher_checkpoint=checkpoint)
         await asyncio.gather(
             follow(self.nc, self.layout, self._on_event, on_caught_up=self._caught_up,
                    stop=stop),
-            self.lifecycle.watch(stop),
+            self._watch_heartbeats(stop),
             self._monitor_nodes(stop),
         )
+
+    async def _watch_heartbeats(self, stop: asyncio.Event) -> None:
+        """The node lifecycle's heartbeat watch, set up again when NATS fails it."""
+        attempt = 0
+        while not stop.is_set():
+            try:
+                await self.lifecycle.watch(stop)
+                return
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                attempt += 1
+                await pause_unless_stopped(stop, note("watching heartbeats", e, attempt))
 
     async def _on_event(self, sequence: int, event: Event) -> None:
         self.state.apply(event, sequence)
         self.writer.handler.memory.observe(event, sequence)
-        await self.dispatcher.on_event(sequence, event, self.state)
+        await retry_until_stopped(lambda: self.dispatcher.on_event(sequence, event, self.state),
+                                  "dispatching", self._stop, event_sequence=sequence)
         if self.live.is_set():
             for controller in self.controllers:
                 await self.execute(controller.on_event(self.state, event))
 
     async def _caught_up(self) -> None:
         self.writer.handler.memory.complete = True
-        await self.dispatcher.flush()
+        await retry_until_stopped(self.dispatcher.flush, "saving the dispatcher's checkpoint",
+                                  self._stop)
         log.info("control loop live", sequence=self.state.last_sequence,
                  objects=len(self.state.views))
         self.live.set()
@@ -76,8 +109,20 @@ class ControlLoop:
 
     async def _monitor_nodes(self, stop: asyncio.Event) -> None:
         await self.live.wait()
+        stalled = max(STALLED_AFTER_PERIODS * NODE_MONITOR_PERIOD_SECONDS,
+                      self.lifecycle.grace / 2)
+        last = time.monotonic()
         while not stop.is_set():
-            await self.execute(self.lifecycle.check(self.state))
+            now = time.monotonic()
+            if now - last > stalled:
+                log.warning("node monitor did not run for a while; every node gets its "
+                            "grace again", seconds=round(now - last, 1))
+                lifecycle = self.lifecycle
+                lifecycle.started = now
+                lifecycle.last_seen = dict.fromkeys(lifecycle.last_seen, now)
+            else:
+                await self.execute(self.lifecycle.check(self.state))
+            last = time.monotonic()
             await pause_unless_stopped(stop, NODE_MONITOR_PERIOD_SECONDS)
 
     async def execute(self, commands: list[Command]) -> None:

@@ -13,11 +13,13 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    StreamInfo,
 )
 from nats.js.client import JetStreamContext
 from nats.js.errors import BadRequestError, NotFoundError
 
 from events.subjects import Layout
+from events.transient import retry_within
 
 EVENT_DEDUPE_WINDOW: Final = 10 * 60.0
 COMMAND_RETENTION: Final = 7 * 24 * 3600.0
@@ -27,6 +29,9 @@ HEARTBEAT_TTL: Final = 60.0
 """Heartbeat entries outlive any grace period; staleness is judged by the control plane."""
 HEARTBEAT_INTERVAL: Final = 2.0
 LEASE_TTL: Final = 10.0
+ENSURE_WITHIN_SECONDS: Final = 60.0
+"""How long one set-up call retries a cluster that cannot answer yet (electing leaders after
+losing a server), before the set-up fails with the last error."""
 
 
 def events_stream_config(layout: Layout, replicas: int = 1) -> StreamConfig:
@@ -92,11 +97,54 @@ def _stream_configs(layout: Layout, replicas: int) -> list[StreamConfig]:
 
 
 async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    """Create the stream, or bring an existing one to `config` where the two differ. Its
+    replicas are never lowered (an installation raised to R3 stays R3, whoever calls this
+    with fewer), and a stream that already matches is left alone: an R3 stream that has
+    lost a server answers `stream_info` but may not take an update."""
     assert config.name is not None
-    try:
-        await js.add_stream(config)
-    except BadRequestError:
-        await js.update_stream(config)
+    name = config.name
+    info = await _ensure_info(js, name)
+    if info is None:
+        try:
+            await retry_within(lambda: js.add_stream(config), "creating stream",
+                               ENSURE_WITHIN_SECONDS, stream=name)
+            return
+        except BadRequestError:  # made meanwhile, by another process
+            info = await _ensure_info(js, name)
+            if info is None:
+                raise
+    wanted = dataclasses.replace(config, num_replicas=max(config.num_replicas or 1,
+                                                          info.config.num_replicas or 1))
+    if _ensure_differs(wanted, info.config):
+        await retry_within(lambda: js.update_stream(wanted), "updating stream",
+                           ENSURE_WITHIN_SECONDS, stream=name)
+
+
+async def _ensure_info(js: JetStreamContext, name: str) -> StreamInfo | None:
+    """The stream's info, or None if it does not exist; transient failures retried."""
+
+    async def look() -> StreamInfo | None:
+        try:
+            return await js.stream_info(name)
+        except NotFoundError:
+            return None
+
+    return await retry_within(look, "reading stream", ENSURE_WITHIN_SECONDS, stream=name)
+
+
+def _ensure_differs(wanted: StreamConfig, existing: StreamConfig) -> bool:
+    """Whether `existing` differs from what `wanted` sets (a field left at its default is
+    not set: the server fills it in)."""
+    for field in dataclasses.fields(StreamConfig):
+        value = getattr(wanted, field.name)
+        if value is None or value == field.default or field.name == "metadata":
+            continue
+        have = getattr(existing, field.name)
+        if isinstance(value, list):
+            value, have = sorted(value), sorted(have or [])
+        if value != have:
+            return True
+    return False
 
 
 async def create_stream_if_missing(js: JetStreamContext, config: StreamConfig) -> None:
@@ -130,15 +178,27 @@ async def ensure_all(js: JetStreamContext, layout: Layout, replicas: int = 1) ->
 
 
 async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> None:
-    """Create the bucket, or bring an existing one to `config`'s replicas and TTL (an
-    installation made with fewer replicas). nats-py cannot update a bucket; a bucket is the
-    stream `KV_<bucket>`, updated as such."""
-    try:
-        await js.create_key_value(config)
-    except BadRequestError:
-        info = await js.stream_info(f"KV_{config.bucket}")
-        await js.update_stream(dataclasses.replace(
-            info.config, num_replicas=config.replicas, max_age=config.ttl))
+    """Create the bucket, or bring an existing one to `config`'s replicas (never lowered)
+    and TTL (an installation made with fewer replicas); one that matches is left alone.
+    nats-py cannot update a bucket; a bucket is the stream `KV_<bucket>`, updated as such."""
+    name = f"KV_{config.bucket}"
+    info = await _ensure_info(js, name)
+    if info is None:
+        try:
+            await retry_within(lambda: js.create_key_value(config), "creating bucket",
+                               ENSURE_WITHIN_SECONDS, bucket=config.bucket)
+            return
+        except BadRequestError:  # made meanwhile, by another process
+            info = await _ensure_info(js, name)
+            if info is None:
+                raise
+    replicas = max(config.replicas, info.config.num_replicas or 1)  # never lowered
+    if info.config.num_replicas == replicas and (info.config.max_age or 0.0) == (
+            config.ttl or 0.0):
+        return
+    wanted = dataclasses.replace(info.config, num_replicas=replicas, max_age=config.ttl)
+    await retry_within(lambda: js.update_stream(wanted), "updating bucket",
+                       ENSURE_WITHIN_SECONDS, bucket=config.bucket)
 
 
 async def wait_for_streams(js: JetStreamContext, layout: Layout, timeout: float = 30.0) -> None:

@@ -157,7 +157,8 @@ class Layout(msgspec.Struct, frozen=True):
         return aggregate_subject(self.events_root, originator_id)
 
     def command_subject(self, actor: str, kind: str, verb: str) -> str:
-        return f"{self.prefix}.cmd.{encode_token(actor)}.{kind}.{verb}"
+        return (f"{self.prefix}.cmd.{encode_token(actor)}.{encode_token(kind)}."
+                f"{encode_token(verb)}")
 
     def command_actor(self, subject: str) -> str:
         """The actor a `command_subject` names (the server's permissions vouch for it)."""

@@ -23,6 +23,7 @@ from events.codec import Event, decode, event_class, split_topic
 from events.datastore import TOPIC_HEADER
 from events.directget import PAGE, direct_batch, first_since, last_on, sequence
 from events.subjects import Layout
+from events.transient import describe, is_transient, retry_until_stopped
 
 log = structlog.get_logger(__name__)
 
@@ -156,14 +157,23 @@ async def follow(
 ) -> None:
     """Deliver every event from `start` on, in order, until `stop` is set. A message this
     version cannot decode is skipped (logged, and told to `on_skip`), never delivered, and
-    the follow goes on past it."""
+    the follow goes on past it. A read NATS cannot answer now (a server of the cluster
+    lost, a leader being elected) is tried again from where it was, one log line per
+    attempt, until it is answered or `stop` is set."""
     subject = subject or layout.events_filter()
     stop = stop or asyncio.Event()
-    target = await head(nc, layout, subject)
+    target = await retry_until_stopped(lambda: head(nc, layout, subject),
+                                       "reading the log's head", stop)
+    if target is None:  # stopped first
+        return
     position = start
     progress = _Progress(start, target)
     while position <= target and not stop.is_set():
-        page = await direct_batch(nc, layout.events_stream, position, PAGE, subject)
+        page = await retry_until_stopped(
+            functools.partial(direct_batch, nc, layout.events_stream, position, PAGE, subject),
+            "replaying the log", stop, position=position)
+        if page is None:  # stopped first
+            return
         for msg in page:
             await _hand_over(msg, sequence(msg), on_event, on_skip)
         if page:
@@ -198,7 +208,11 @@ async def _follow_live(nc: Client, layout: Layout, on_event: OnEvent, on_skip: O
     queue: asyncio.Queue[Msg] = asyncio.Queue()
     stopped = asyncio.ensure_future(stop.wait())
     got: asyncio.Future[Msg] | None = None
-    sub = await _subscribe(nc, subject, position, queue)
+    sub = await retry_until_stopped(lambda: _subscribe(nc, subject, position, queue),
+                                    "following the log live", stop, position=position)
+    if sub is None:  # stopped first
+        stopped.cancel()
+        return
     try:
         while not stop.is_set():
             if not queue.empty():
@@ -213,8 +227,14 @@ async def _follow_live(nc: Client, layout: Layout, on_event: OnEvent, on_skip: O
                     got.cancel()
                     if await _missed_some(nc, layout, subject, position):
                         log.warning("live follow stalled; resubscribing", position=position)
-                        await sub.unsubscribe()
-                        sub = await _subscribe(nc, subject, position, queue)
+                        await _unsubscribe(sub)
+                        try:
+                            sub = await _subscribe(nc, subject, position, queue)
+                        except Exception as e:  # NATS failing over: at the next check again
+                            if not is_transient(e):
+                                raise
+                            log.warning("live follow could not resubscribe; retrying",
+                                        position=position, error=describe(e))
                     continue
                 msg = got.result()
             seq = msg.metadata.sequence.stream
@@ -226,7 +246,16 @@ async def _follow_live(nc: Client, layout: Layout, on_event: OnEvent, on_skip: O
         stopped.cancel()
         if got is not None:
             got.cancel()
+        await _unsubscribe(sub)
+
+
+async def _unsubscribe(sub: JetStreamContext.PushSubscription) -> None:
+    """Drop a live follow's consumer; one already dropped, or a connection being
+    re-established, is not an error here (a consumer left behind expires on the server)."""
+    try:
         await sub.unsubscribe()
+    except (TimeoutError, NatsError) as e:
+        log.debug("live follow's old consumer not unsubscribed", error=describe(e))
 
 
 async def _missed_some(nc: Client, layout: Layout, subject: str, position: int) -> bool:
