@@ -76,6 +76,7 @@ def children(opts: UpOptions, url: str, logs: Path, http_port: int) -> list[Chil
     common = ["--nats-url", url, "--prefix", opts.prefix]
     out = [
         Child("controlplane", ["-m", "controlplane", "run", *common,
+                               "--replicas", str(opts.replicas),
                                "--node-grace", str(opts.node_grace_seconds)], logs),
         Child("projections", ["-m", "projections", "run", *common,
                               "--listen", f"127.0.0.1:{http_port}"], logs),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from datetime import UTC, datetime
 from typing import Any
@@ -11,6 +12,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 
 from events.aio import unless_stopped
 from events.api.resources import ClusterTuning
@@ -21,7 +23,7 @@ from events.streams import wait_for_streams
 from events.subjects import Layout
 from projections import http
 from projections.cluster import ClusterState, render_node, render_vm, render_vmi
-from projections.follower import follow
+from projections.follower import follow, head
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY, answer, cluster_tuning
 from projections.hco import render_view as render_hco_view
 from projections.views import NodeView, View, VirtualMachineInstanceView, VirtualMachineView
@@ -117,13 +119,27 @@ class ReadService:
     async def _answer(self, msg: Msg) -> None:
         try:
             query = msgspec.msgpack.decode(msg.data, type=Query)
+            after = query.after
+            if after > self.state.last_sequence:
+                with contextlib.suppress(TimeoutError, NatsError):
+                    after = await self._last_event_until(after)
             async with self.advanced:
                 await asyncio.wait_for(self.advanced.wait_for(
-                    lambda: self.state.last_sequence >= query.after), READ_WAIT_SECONDS)
+                    lambda: self.state.last_sequence >= after), READ_WAIT_SECONDS)
             answer = Answer(items=render(self.state, query), sequence=self.state.last_sequence)
         except (msgspec.DecodeError, TimeoutError) as e:
             answer = Answer(error=f"{type(e).__name__}: {e}")
         await msg.respond(msgspec.msgpack.encode(answer))
+
+    async def _last_event_until(self, after: int) -> int:
+        """`after` names a stream position (the events stream's last sequence, as a node
+        agent reads it); the messages there may be no event (a command's read guard,
+        `<p>.guard`), so wait only for the newest event at or before it. A position the
+        stream has not reached yet is waited for as it is."""
+        info = await self.nc.jetstream().stream_info(self.layout.events_stream)
+        if after > info.state.last_seq:
+            return after
+        return min(after, await head(self.nc, self.layout))
 
     async def run(self, stop: asyncio.Event, listen: tuple[str, int] | None = None) -> None:
         if not await unless_stopped(wait_for_streams(self.nc.jetstream(), self.layout), stop):

@@ -49,3 +49,34 @@ async def test_a_query_waiting_for_the_log_does_not_hold_up_the_next(
         stop.set()
         await reads
         await nc.close()
+
+
+async def test_a_query_after_a_position_that_holds_no_event_is_answered(
+        handler: SyncHandler, nats_url: str, prefix: str) -> None:
+    """A node agent asks `after` the events stream's last sequence; a command's read guard
+    (`<p>.guard`, no event) may be that message. Before, the query waited it out and failed."""
+    await asyncio.to_thread(register, handler, "n1")
+    layout = Layout(prefix)
+    nc = await connect(nats_url, "test-read-service")
+    await ensure_all(nc.jetstream(), layout)
+    guard = await nc.jetstream().publish(layout.guard_subject, b"")
+    stop = asyncio.Event()
+    reads = asyncio.ensure_future(ReadService(nc, layout).run(stop))
+    try:
+        async with asyncio.timeout(READ_WAIT_SECONDS / 2):
+            while True:  # until the read service listens
+                try:
+                    reply = await nc.request(
+                        query_subject(layout),
+                        msgspec.msgpack.encode(Query(kind="Node", after=guard.seq)),
+                        timeout=READ_WAIT_SECONDS)
+                    break
+                except NoRespondersError:
+                    await asyncio.sleep(0.05)
+        answer = msgspec.msgpack.decode(reply.data, type=Answer)
+        assert answer.error == ""
+        assert [n["metadata"]["name"] for n in answer.items] == ["n1"]
+    finally:
+        stop.set()
+        await reads
+        await nc.close()
