@@ -49,6 +49,7 @@ from events.streams import (
     snapshots_stream_config,
 )
 from events.subjects import Layout, aggregate_subject
+from events.transient import TRANSIENT_API_CODES
 
 MAX_BATCH: Final = 1000
 """JetStream's limit on messages in one atomic batch."""
@@ -183,6 +184,9 @@ class EventLog:
             code = ack.error.err_code if ack.error else 0
             if ack.duplicate or code in CONFLICT_CODES:
                 raise AppendConflict(ack.error.description if ack.error else "duplicate", code)
+            if ack.error is not None and (ack.error.code == 503
+                                          or code in TRANSIENT_API_CODES):
+                raise OutcomeUnknown(f"the server could not take an append now: {ack.error}")
             if code != TOO_MANY_INFLIGHT:
                 raise PersistenceError(f"append refused: {ack.error}")
             await asyncio.sleep(INFLIGHT_PAUSE_SECONDS)  # back-off the server asked for
