@@ -8,6 +8,10 @@ metrics XML. A writer sets the busy flag, fsyncs, writes the body, then clears t
 place: the guest has the file open, so it is never replaced, and a reader that finds the
 flag set, or a checksum that does not add up, reads again.
 
+A disk's path is its volume's (`volume_source`), checked to lie in the VMI's own directory
+(`nodeagent.hostpaths`); the agent never follows a symlink in the disk's own name, so one
+planted there after that check cannot point its writes elsewhere.
+
 The metrics are KubeVirt's, with its names, types, units and contexts, in its order.
 """
 
@@ -41,6 +45,8 @@ HEADER: Final = struct.Struct(">4siii")
 SIGNATURE: Final = b"mvbd"
 MAX_BODY: Final = DISK_SIZE - 24
 """KubeVirt's bound on the body (it keeps 24 bytes back, not just the 16 of the header)."""
+OPEN_FLAGS: Final = os.O_RDWR | os.O_NOFOLLOW
+"""How the agent opens a disk to write it: a symlink in its place is refused (ELOOP)."""
 HOST_SYSTEM_INFO: Final = "linux"
 VIRTUALIZATION_VENDOR: Final = "kubevirt.io"
 """KubeVirt's static host metrics; guests (SAP's monitoring among them) look for them."""
@@ -164,7 +170,7 @@ def create_disk(path: str) -> None:
     guest's disk exists before it starts; an existing one is kept and emptied."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, OPEN_FLAGS | os.O_CREAT, 0o644)
         try:
             os.pwrite(fd, b"\0", DISK_SIZE - 1)
         finally:
@@ -182,7 +188,7 @@ def write_disk(path: str, document: str) -> None:
         raise MetricsDiskError(f"metrics body of {len(body)} bytes exceeds {MAX_BODY}")
     checksum = sum(body)
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, OPEN_FLAGS)
         try:
             os.pwrite(fd, HEADER.pack(SIGNATURE, 1, checksum, len(body)), 0)
             os.fsync(fd)
@@ -228,7 +234,8 @@ def read_disk(path: str) -> list[Metric]:
 
 
 def disk_paths(spec: VMISpecLike, ctx: ConverterContext) -> tuple[str, ...]:
-    """The files of a VMI's downwardMetrics volumes, as the converter attaches them."""
+    """The files of a VMI's downwardMetrics volumes, as the converter attaches them:
+    `HostPathError` if one would lie outside the VMI's own directory."""
     return tuple(volume_source(ctx, v).path for v in spec.volumes
                  if v.downward_metrics is not None)
 

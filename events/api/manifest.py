@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 import msgspec.inspect
 import yaml
 
 from events.api.base import ApiStruct
-from events.api.validation import validate_vmi_spec
+from events.api.validation import DNS1123_LABEL_MAX, DNS1123_LABEL_RULE, validate_vmi_spec
 from events.api.vm import (
     API_VERSION,
     RUN_STRATEGIES,
@@ -20,8 +20,6 @@ from events.api.vm import (
 )
 from events.errors import InvalidSpec
 from events.subjects import DNS1123_LABEL
-
-DNS1123_LABEL_MAX: Final = 63
 
 KINDS: dict[str, tuple[str, type[ApiStruct]]] = {
     "VirtualMachine": (API_VERSION, VirtualMachine),
@@ -50,11 +48,7 @@ def check_dns1123_label(field: str, value: str) -> None:
     if not value:
         raise InvalidSpec(field, "is required")
     if len(value) > DNS1123_LABEL_MAX or not DNS1123_LABEL.fullmatch(value):
-        raise InvalidSpec(
-            field,
-            "must be a DNS-1123 label: at most 63 lower-case letters, digits or '-', "
-            "starting and ending with a letter or digit",
-        )
+        raise InvalidSpec(field, DNS1123_LABEL_RULE)
 
 
 def _field_path(message: str) -> tuple[str, str]:

@@ -6,11 +6,13 @@ so a person can find it in the manifest they wrote. Checks stop at the first bro
 
 from __future__ import annotations
 
+import re
 import uuid
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from events.api.resources import quantity
 from events.errors import InvalidSpec
+from events.subjects import DNS1123_LABEL
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -58,6 +60,18 @@ HYPERV_REQUIRES = {
     "evmcs": "vapic",
 }
 """Hyper-V enlightenments that QEMU refuses without another (KubeVirt's dependency list)."""
+DNS1123_LABEL_MAX = 63
+DNS1123_LABEL_RULE = (
+    f"must be a DNS-1123 label: at most {DNS1123_LABEL_MAX} lower-case letters, digits or "
+    "'-', starting and ending with a letter or digit"
+)
+"""Volume names, as Kubernetes requires of a pod's volume names (KubeVirt's API says so of a
+VMI's, and makes launcher pod volumes of them); a disk's name is its volume's. The agent
+makes host files of them (`<volume>.img`), so nothing else may pass."""
+INTERFACE_NAME = re.compile(r"[A-Za-z0-9_-]+")
+INTERFACE_NAME_RULE = "can only contain letters, digits, dashes (-) or underscores (_)"
+"""KubeVirt's rule for an interface's name; a network is paired with the interface of its
+name, so it holds for network names too."""
 
 
 class VMISpecLike(Protocol):
@@ -68,6 +82,9 @@ class VMISpecLike(Protocol):
 
     @property
     def volumes(self) -> list[Volume]: ...
+
+    @property
+    def networks(self) -> list[dict[str, Any]]: ...
 
     @property
     def termination_grace_period_seconds(self) -> int | None: ...
@@ -94,6 +111,7 @@ def validate_vmi_spec(spec: VMISpecLike, path: str = "spec") -> None:
         _validate_hyperv(domain.features.hyperv, f"{at}.features.hyperv")
     _validate_devices(domain.devices, f"{at}.devices")
     _validate_volumes(domain.devices, spec.volumes, path)
+    _validate_networks(spec.networks, f"{path}.networks")
 
 
 def _require(ok: bool, field: str, rule: str) -> None:
@@ -111,6 +129,22 @@ def _parsed(value: Quantity, field: str) -> Decimal:
 def _one_of(value: str, allowed: Iterable[str], field: str) -> None:
     allowed = tuple(allowed)
     _require(value in allowed, field, f"must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _dns1123_label(name: str, field: str) -> None:
+    _require(
+        len(name) <= DNS1123_LABEL_MAX and DNS1123_LABEL.fullmatch(name) is not None,
+        field,
+        f"{DNS1123_LABEL_RULE}; got {name!r}",
+    )
+
+
+def _interface_name(name: object, field: str) -> None:
+    _require(
+        isinstance(name, str) and INTERFACE_NAME.fullmatch(name) is not None,
+        field,
+        f"{INTERFACE_NAME_RULE}; got {name!r}",
+    )
 
 
 def _unique(names: list[str], field: str) -> None:
@@ -273,6 +307,8 @@ def _validate_devices(devices: Devices, at: str) -> None:
         if device.bus:
             _one_of(device.bus, INPUT_BUSES, f"{field}.bus")
     _unique([i.name for i in devices.inputs], f"{at}.inputs[{{}}].name")
+    for index, interface in enumerate(devices.interfaces):
+        _interface_name(interface.name, f"{at}.interfaces[{index}].name")
     _unique([i.name for i in devices.interfaces], f"{at}.interfaces[{{}}].name")
     _unique([d.name for d in devices.disks], f"{at}.disks[{{}}].name")
     boot_orders: set[int] = set()
@@ -300,10 +336,13 @@ def _validate_devices(devices: Devices, at: str) -> None:
 
 
 def _validate_volumes(devices: Devices, volumes: list[Volume], path: str) -> None:
+    for index, volume in enumerate(volumes):
+        _dns1123_label(volume.name, f"{path}.volumes[{index}].name")
     _unique([v.name for v in volumes], f"{path}.volumes[{{}}].name")
     by_name = {v.name: v for v in volumes}
     for index, disk in enumerate(devices.disks):
         field = f"{path}.domain.devices.disks[{index}]"
+        _dns1123_label(disk.name, f"{field}.name")
         _require(
             disk.name in by_name,
             f"{field}.name",
@@ -331,6 +370,12 @@ def _validate_volumes(devices: Devices, volumes: list[Volume], path: str) -> Non
         )
         if volume.empty_disk is not None:
             _parsed(volume.empty_disk.capacity, f"{field}.emptyDisk.capacity")
+
+
+def _validate_networks(networks: list[dict[str, Any]], at: str) -> None:
+    for index, network in enumerate(networks):
+        _interface_name(network.get("name"), f"{at}[{index}].name")
+    _unique([n["name"] for n in networks], f"{at}[{{}}].name")
 
 
 def _validate_disk_volume(disk: Disk, volume: Volume, field: str) -> None:

@@ -8,6 +8,7 @@ from typing import Literal
 import msgspec
 
 from nodeagent.converter import defaults
+from nodeagent.hostpaths import vmi_path
 
 DomainType = Literal["kvm", "qemu", "test"]
 
@@ -38,13 +39,19 @@ class ConverterContext(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def disk_path(self) -> str:
-        """This VMI's directory of disk images and NVRAM."""
-        return os.path.join(self.disk_dir, self.namespace, self.name)
+        """This VMI's directory of disk images and NVRAM (`HostPathError` if its names would
+        put it anywhere else)."""
+        return vmi_path(self.disk_dir, self.namespace, self.name)
+
+    def disk_file(self, file_name: str) -> str:
+        """A file in this VMI's disk directory (`HostPathError` if it would lie elsewhere)."""
+        return vmi_path(self.disk_dir, self.namespace, self.name, file_name)
 
     @property
     def socket_path(self) -> str:
-        """This VMI's directory of VNC and serial console sockets."""
-        return os.path.join(self.run_dir, self.namespace, self.name)
+        """This VMI's directory of VNC and serial console sockets (`HostPathError` if its
+        names would put it anywhere else)."""
+        return vmi_path(self.run_dir, self.namespace, self.name)
 
 
 def hypervisor_domain_type(uri: str, kvm_device: str = "/dev/kvm") -> DomainType:

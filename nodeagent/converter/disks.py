@@ -1,7 +1,8 @@
 """`<disk>` devices: each `spec.domain.devices.disks[]` entry backed by its volume.
 
-Every volume becomes a file the agent prepares under the VMI's disk directory
-(`ConverterContext.disk_path`); `volume_source` is the one place that names it:
+Every volume becomes a file the agent prepares in the VMI's disk directory
+(`ConverterContext.disk_file`, which refuses a path that would lie anywhere else);
+`volume_source` is the one place that names it:
 
 | volume source           | file                  | format |
 |-------------------------|-----------------------|--------|
@@ -33,7 +34,6 @@ Target names follow the bus as in KubeVirt: `vdX` on virtio, `sdX` on sata/scsi/
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, NamedTuple
 
 from nodeagent.converter import defaults
@@ -59,7 +59,7 @@ def volume_source(ctx: ConverterContext, volume: Volume) -> DiskSource:
         extension, image_format = ".qcow2", "qcow2"
     else:
         extension, image_format = ".img", "raw"
-    return DiskSource(os.path.join(ctx.disk_path, volume.name + extension), image_format)
+    return DiskSource(ctx.disk_file(volume.name + extension), image_format)
 
 
 def device_name(prefix: str, index: int) -> str:

@@ -56,6 +56,6 @@ def _configure_efi(efi: EFI, ctx: ConverterContext, os_element: Element) -> None
     sub(
         os_element,
         "nvram",
-        os.path.join(ctx.disk_path, f"{ctx.name}_VARS.fd"),
+        ctx.disk_file(f"{ctx.name}_VARS.fd"),
         template=os.path.join(ctx.ovmf_dir, variables),
     )

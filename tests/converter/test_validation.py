@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from events.api.manifest import decode_object
 from events.errors import InvalidSpec
 from nodeagent.domxml import render_manifest
 
@@ -58,6 +59,13 @@ def hugepages(memory: str, page_size: str) -> dict[str, Any]:
 
 def inputs(*entries: dict[str, Any]) -> dict[str, Any]:
     return {f"{DOMAIN}.devices.inputs": list(entries)}
+
+
+def named(name: str) -> dict[str, Any]:
+    """BASE with its one disk and volume named `name`."""
+    return disks({"name": name}) | {
+        "spec.volumes": [{"name": name, "persistentVolumeClaim": {"claimName": "c"}}]
+    }
 
 
 PVC_ROOT = {"spec.volumes": [{"name": "root", "persistentVolumeClaim": {"claimName": "c"}}]}
@@ -359,6 +367,52 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.terminationGracePeriodSeconds",
         "must not be negative",
     ),
+    # names: a volume's (and so its disk's) becomes a host file, `<volume>.img`
+    (
+        "volume-name-traversal",
+        named("../../tenant-a/alice-vm/rootdisk"),
+        "spec.volumes[0].name",
+        "must be a DNS-1123 label",
+    ),
+    ("volume-name-absolute", named("/etc/passwd"), "spec.volumes[0].name", "DNS-1123 label"),
+    ("volume-name-dot-dot", named(".."), "spec.volumes[0].name", "DNS-1123 label"),
+    ("volume-name-empty", named(""), "spec.volumes[0].name", "DNS-1123 label"),
+    ("volume-name-upper-case", named("Root"), "spec.volumes[0].name", "DNS-1123 label"),
+    ("volume-name-underscore", named("root_disk"), "spec.volumes[0].name", "DNS-1123 label"),
+    ("volume-name-dot", named("root.disk"), "spec.volumes[0].name", "DNS-1123 label"),
+    ("volume-name-leading-dash", named("-root"), "spec.volumes[0].name", "DNS-1123 label"),
+    ("volume-name-64", named("a" * 64), "spec.volumes[0].name", "at most 63"),
+    (
+        "disk-name-traversal",
+        disks({"name": "root"}, {"name": "../root"}),
+        f"{DOMAIN}.devices.disks[1].name",
+        "must be a DNS-1123 label",
+    ),
+    (
+        "interface-name",
+        {f"{DOMAIN}.devices.interfaces": [{"name": "bad.name"}]},
+        f"{DOMAIN}.devices.interfaces[0].name",
+        "can only contain letters, digits, dashes (-) or underscores (_); got 'bad.name'",
+    ),
+    (
+        "interface-name-path",
+        {f"{DOMAIN}.devices.interfaces": [{"name": "../eth0"}]},
+        f"{DOMAIN}.devices.interfaces[0].name",
+        "can only contain",
+    ),
+    (
+        "network-name",
+        {"spec.networks": [{"name": "a/b", "pod": {}}]},
+        "spec.networks[0].name",
+        "can only contain letters, digits, dashes (-) or underscores (_); got 'a/b'",
+    ),
+    ("network-no-name", {"spec.networks": [{"pod": {}}]}, "spec.networks[0].name", "got None"),
+    (
+        "network-duplicate",
+        {"spec.networks": [{"name": "default", "pod": {}}] * 2},
+        "spec.networks[1].name",
+        "used twice",
+    ),
     # decoding and the manifest envelope
     ("unknown-field", {f"{DOMAIN}.cpu.corez": 2}, f"{DOMAIN}.cpu", "unknown field `corez`"),
     ("wrong-type", {f"{DOMAIN}.cpu.cores": "two"}, f"{DOMAIN}.cpu.cores", "Expected `int`"),
@@ -425,3 +479,32 @@ def test_lun_and_downward_metrics_are_admitted() -> None:
     assert '<disk type="block" device="lun">' in xml
     assert '<target dev="sda" bus="scsi" />' in xml
     assert 'name="org.github.vhostmd.1"' in xml
+
+
+def test_names_at_their_limits_are_admitted() -> None:
+    """63 characters of DNS-1123 label for a volume and its disk; KubeVirt's wider alphabet
+    for an interface and its network."""
+    label = "a" + "-0" * 31
+    doc = patched(
+        named(label)
+        | {
+            f"{DOMAIN}.devices.interfaces": [{"name": "Eth_0-a", "masquerade": {}}],
+            "spec.networks": [{"name": "Eth_0-a", "pod": {}}],
+        }
+    )
+    assert f"/{label}.img" in render_manifest(doc)
+
+
+def test_the_control_planes_admission_refuses_them_too() -> None:
+    """`decode_object`, which admits every applied manifest, runs the same rules: a VM's
+    template is refused at its own path."""
+    vm = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": "evil", "namespace": "tenant-mallory"},
+        "spec": {"template": {"spec": patched(named("../../tenant-a/alice-vm/rootdisk"))["spec"]}},
+    }
+    with pytest.raises(InvalidSpec) as raised:
+        decode_object(vm)
+    assert raised.value.field == "spec.template.spec.volumes[0].name"
+    assert "must be a DNS-1123 label" in raised.value.rule

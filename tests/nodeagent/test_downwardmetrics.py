@@ -129,6 +129,20 @@ def test_writing_never_creates_a_disk_nor_overflows_one(tmp_path: Path) -> None:
     assert dm.read_disk(str(disk)) == []
 
 
+def test_a_disk_is_never_written_through_a_symlink(tmp_path: Path) -> None:
+    """One planted in the disk's place after the agent checked its path (`hostpaths`) gets
+    no write: creating and rewriting both refuse it, and its target is left as it was."""
+    victim = tmp_path / "victim.img"
+    victim.write_bytes(b"precious")
+    disk = tmp_path / "metrics.img"
+    disk.symlink_to(victim)
+    with pytest.raises(dm.MetricsDiskError, match="not created: Too many levels"):
+        dm.create_disk(str(disk))
+    with pytest.raises(dm.MetricsDiskError, match="not written: Too many levels"):
+        dm.write_disk(str(disk), dm.metrics_xml(sample()))
+    assert victim.read_bytes() == b"precious"
+
+
 def corrupt(offset: int, data: bytes) -> Callable[[Path], None]:
     def apply(disk: Path) -> None:
         raw = bytearray(disk.read_bytes())
