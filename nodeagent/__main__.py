@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("domxml", help="print the domain XML of a VMI/VM manifest (-f FILE)")
     args = parser.parse_args(argv)
     configure()
-    cfg = AgentConfig(node=args.node, nats_url=args.nats_url, prefix=args.prefix,
+    cfg = AgentConfig(node=args.node, nats_url=args.nats_url,
+                      nats_credentials=args.nats_credentials, nats_ca=args.nats_ca,
+                      nats_cert=args.nats_cert, nats_key=args.nats_key, prefix=args.prefix,
                       libvirt_uri=args.libvirt_uri, kvm_devices=args.kvm_devices,
                       tun_devices=args.tun_devices, host_cpu_model=args.host_cpu_model,
                       disk_dir=args.disk_dir, rediscovery_seconds=args.rediscovery_interval,
