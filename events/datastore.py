@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Final
 
 import msgspec
+import structlog
 from eventsourcing.persistence import (
     IntegrityError,
     PersistenceError,
@@ -48,7 +49,7 @@ from events.streams import (
     events_stream_config,
     snapshots_stream_config,
 )
-from events.subjects import Layout, aggregate_subject
+from events.subjects import Layout, aggregate_subject, decode_token, originator_of
 from events.transient import TRANSIENT_API_CODES
 
 MAX_BATCH: Final = 1000
@@ -73,6 +74,12 @@ TOO_MANY_INFLIGHT: Final = 10210
 INFLIGHT_PAUSE_SECONDS: Final = 0.005
 """How long an append waits before offering a batch the server refused as one too many."""
 MAX_INFLIGHT_RETRIES: Final = 400
+
+NO_VERSION: Final = -1
+"""The version `refresh` gives a subject holding nothing this store wrote (the library's
+first version may be 0)."""
+
+log = structlog.get_logger(__name__)
 
 
 class AppendConflict(IntegrityError):
@@ -162,14 +169,44 @@ class EventLog:
             self._last[subject] = (version, seq)
 
     async def refresh(self, stream: str, subject: str) -> tuple[int, int] | None:
+        """(version, sequence) of `subject` as the server holds it: the sequence of its
+        newest message, which is what an append must expect, whatever that message is; the
+        version of its newest entry this store wrote (`NO_VERSION` if none), read past
+        anything else stored there (a stray reply), so a stray never wedges the writer."""
         msg = await self.last_on(stream, subject)
         if msg is None:
             self._last.pop(subject, None)
             return None
-        headers = msg.headers or {}
-        last = (int(headers[VERSION_HEADER]), sequence(msg))
+        version = self.written_version(msg)
+        if version is None:
+            log.warning("the newest message on a subject is no entry this store wrote; "
+                        "appending past it", subject=subject, sequence=sequence(msg))
+            versions = [self.written_version(m) for m in await self.read_all(stream, subject)]
+            version = max((v for v in versions if v is not None), default=NO_VERSION)
+        last = (version, sequence(msg))
         self._last[subject] = last
         return last
+
+    def written_version(self, msg: Msg) -> int | None:
+        """The version of a stored entry this store wrote (an event, a snapshot, a tracking
+        record: its id is derived from its subject and version); None for anything else
+        stored on its subject: a reply or an API answer aimed there, or a copy of another
+        subject's entry that a Direct Get answer put there."""
+        headers = msg.headers or {}
+        subject = headers.get("Nats-Subject", msg.subject)
+        try:
+            version = int(headers.get(VERSION_HEADER, ""))
+        except ValueError:
+            return None
+        return version if headers.get("Nats-Msg-Id") == self._written_id(subject, version) \
+            else None
+
+    def _written_id(self, subject: str, version: int) -> str:
+        tracking_root = f"{self.layout.tracking_root}."
+        if subject.startswith(tracking_root):
+            return tracking_id(decode_token(subject.removeprefix(tracking_root)), version)
+        root = subject.split(".", 2)[:2]
+        return str(event_id(originator_of(".".join(root), subject), version))
 
     # -- the atomic batch --------------------------------------------------------------
 
@@ -326,9 +363,14 @@ def _event_headers(s: StoredEvent) -> dict[str, str]:
                          s.originator_version)
 
 
+def tracking_id(application_name: str, notification_id: int) -> str:
+    """The message id of a tracking record: one per application and position."""
+    return f"trk:{application_name}:{notification_id}"
+
+
 def _tracking_headers(t: Tracking) -> dict[str, str]:
     return {
-        "Nats-Msg-Id": f"trk:{t.application_name}:{t.notification_id}",
+        "Nats-Msg-Id": tracking_id(t.application_name, t.notification_id),
         VERSION_HEADER: str(t.notification_id),
     }
 

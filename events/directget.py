@@ -35,10 +35,9 @@ async def direct_batch(nc: Client, stream: str, start: int, limit: int, subject:
     end: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def collect(msg: Msg) -> None:
-        headers = msg.headers or {}
-        status = headers.get("Status")
-        if status is None or "Nats-Sequence" in headers:  # a stored message (whatever it
-            out.append(msg)                               # carries) has its sequence
+        status = _status(msg)
+        if status is None:
+            out.append(msg)
         elif not end.done():
             end.set_result(status)
 
@@ -69,12 +68,19 @@ async def first_since(nc: Client, stream: str, subject: str, at: datetime) -> Ms
 async def _one(nc: Client, stream: str, request: dict[str, str]) -> Msg | None:
     msg = await nc.request(f"$JS.API.DIRECT.GET.{stream}", _encode_json(request),
                            timeout=TIMEOUT)
+    status = _status(msg)
+    if status is None:
+        return msg
+    if status == "404":
+        return None
+    raise DirectGetError(f"direct get failed: {msg.headers}")
+
+
+def _status(msg: Msg) -> str | None:
+    """The server's status of a Direct Get answer, or None for a stored message: that has its
+    sequence, whatever else it carries (a stray stored in the log may hold a status line)."""
     headers = msg.headers or {}
-    if "Status" in headers:
-        if headers["Status"] == "404":
-            return None
-        raise DirectGetError(f"direct get failed: {headers}")
-    return msg
+    return None if "Nats-Sequence" in headers else headers.get("Status", "")
 
 
 def sequence(msg: Msg) -> int:

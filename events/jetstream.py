@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import structlog
 from eventsourcing.persistence import (
     AggregateRecorder,
     ApplicationRecorder,
@@ -44,8 +45,8 @@ from nats.js.kv import KeyValue
 from events.connect import DEFAULT_URL
 from events.datastore import (
     MAX_APPEND_ATTEMPTS,
+    NO_VERSION,
     TOPIC_HEADER,
-    VERSION_HEADER,
     JetStreamDatastore,
     StreamSpace,
 )
@@ -58,13 +59,24 @@ from events.subjects import (
     originator_of,
 )
 
+log = structlog.get_logger(__name__)
 
-def _stored_event(root: str, msg: Msg) -> StoredEvent:
+
+def _stored_event(ds: JetStreamDatastore, root: str, msg: Msg) -> StoredEvent | None:
+    """The stored event in `msg`, or None, logged, for anything else stored among events (a
+    reply aimed at an event subject, a copy of another aggregate's event): readers go past."""
     headers = msg.headers or {}
+    version = ds.written_version(msg)
+    topic = headers.get(TOPIC_HEADER)
+    if version is None or topic is None:
+        log.warning("skipped an entry of the log that is no stored event",
+                    subject=headers.get("Nats-Subject"), sequence=headers.get("Nats-Sequence"),
+                    topic=topic, size=len(msg.data))
+        return None
     return StoredEvent(
         originator_id=originator_of(root, headers["Nats-Subject"]),
-        originator_version=int(headers[VERSION_HEADER]),
-        topic=headers[TOPIC_HEADER],
+        originator_version=version,
+        topic=topic,
         state=msg.data,
     )
 
@@ -129,12 +141,13 @@ class JetStreamAggregateRecorder(AggregateRecorder):
             msg = await ds.last_on(self.space.stream, subject)
             if msg is None:
                 return []
-            last = _stored_event(root, msg)
-            ds.remember(subject, last.originator_version, sequence(msg))
-            return [last] if gt is None or last.originator_version > gt else []
+            last = _stored_event(ds, root, msg)
+            if last is not None:
+                ds.remember(subject, last.originator_version, sequence(msg))
+                return [last] if gt is None or last.originator_version > gt else []
         msgs = await ds.read_all(self.space.stream, subject)
-        events = [_stored_event(root, msg) for msg in msgs]
-        if msgs:
+        events = [e for e in (_stored_event(ds, root, msg) for msg in msgs) if e is not None]
+        if events:  # the newest version, and the subject's last sequence, stray or not
             ds.remember(subject, events[-1].originator_version, sequence(msgs[-1]))
         selected = [
             e for e in events
@@ -186,15 +199,15 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
                 seq = int(headers["Nats-Sequence"])
                 if stop is not None and seq > stop:
                     return out
-                topic = headers[TOPIC_HEADER]
-                if wanted and topic not in wanted:
+                stored = _stored_event(ds, root, msg)
+                if stored is None or (wanted and stored.topic not in wanted):
                     continue
                 out.append(Notification(
                     id=seq,
-                    originator_id=originator_of(root, headers["Nats-Subject"]),
-                    originator_version=int(headers[VERSION_HEADER]),
-                    topic=topic,
-                    state=msg.data,
+                    originator_id=stored.originator_id,
+                    originator_version=stored.originator_version,
+                    topic=stored.topic,
+                    state=stored.state,
                 ))
                 if len(out) == limit:
                     return out
@@ -313,7 +326,7 @@ class JetStreamProcessRecorder(JetStreamApplicationRecorder, ProcessRecorder):
     def max_tracking_id(self, application_name: str) -> int | None:
         subject = self.datastore.layout.tracking_subject(application_name)
         last = self.datastore.bridge.run(self.datastore.refresh(self.space.stream, subject))
-        return None if last is None else last[0]
+        return None if last is None or last[0] == NO_VERSION else last[0]
 
 
 class JetStreamFactory(InfrastructureFactory[JetStreamTrackingRecorder]):

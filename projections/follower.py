@@ -46,12 +46,11 @@ FUTURE_SCHEMA: Final = "future_schema"
 """A schema version newer than the type's class here: no upcaster can read it."""
 UNDECODABLE: Final = "undecodable"
 """A known type and schema whose body does not decode (or does not upcast)."""
-SKIP_REASONS: Final = (NO_TOPIC, BAD_TOPIC, UNKNOWN_TYPE, FUTURE_SCHEMA, UNDECODABLE)
-
-
-def decode_msg(msg: Msg) -> Event:
-    """The event in `msg`, or an exception: for a reader, see `read_event`."""
-    return decode((msg.headers or {})[TOPIC_HEADER], msg.data)
+MISPLACED: Final = "misplaced"
+"""An event stored on another object's subject than its own: a copy, as a Direct Get answer
+aimed at an event subject puts one there; folded, it would change the wrong object."""
+SKIP_REASONS: Final = (NO_TOPIC, BAD_TOPIC, UNKNOWN_TYPE, FUTURE_SCHEMA, UNDECODABLE,
+                       MISPLACED)
 
 
 def read_event(msg: Msg, seq: int | None = None,
@@ -75,6 +74,7 @@ def read_event(msg: Msg, seq: int | None = None,
 def _read(msg: Msg, seq: int) -> Event | str:
     """The event, or the reason it is skipped (logged here, once)."""
     headers = msg.headers or {}
+    subject = headers.get("Nats-Subject", msg.subject)  # a Direct Get's reply names it
     topic = headers.get(TOPIC_HEADER)
     if topic is None:
         reason, detail = NO_TOPIC, f"no {TOPIC_HEADER} header ({len(msg.data)} bytes)"
@@ -82,12 +82,15 @@ def _read(msg: Msg, seq: int) -> Event | str:
         reason, detail = _unreadable(topic)
         if not reason:
             try:
-                return decode(topic, msg.data)
+                event = decode(topic, msg.data)
             except Exception as e:  # whatever the bytes or an upcaster raise: not fatal
                 reason, detail = UNDECODABLE, f"{type(e).__name__}: {e}"
-    log.warning("skipped an event this version cannot decode", sequence=seq,
-                subject=headers.get("Nats-Subject", msg.subject), topic=topic, reason=reason,
-                detail=detail)
+            else:
+                if subject.split(".", 2)[1:] == ["ev", event.originator_id]:
+                    return event
+                reason, detail = MISPLACED, f"an event of {event.originator_id}"
+    log.warning("skipped an event this version cannot read",
+                sequence=seq, subject=subject, topic=topic, reason=reason, detail=detail)
     return reason
 
 

@@ -28,6 +28,9 @@ from projections.hco import METRICS_QUERY
 log = structlog.get_logger(__name__)
 
 Render = Callable[[ClusterState, Query], list[dict[str, Any]]]
+ProcessMetrics = Callable[[], bytes]
+"""The serving process's own counters (Prometheus text): not functions of the log, so kept
+out of the log's metrics and appended only to what `/metrics` scrapes."""
 RESOURCES = {"virtualmachines": "VirtualMachine",
              "virtualmachineinstances": "VirtualMachineInstance", "nodes": "Node"}
 MAX_REQUEST_LINE = 8192
@@ -52,13 +55,14 @@ def route(path: str) -> tuple[Query, bool] | None:
             return None
 
 
-def respond(state: ClusterState, render: Render, path: str) -> tuple[int, str, bytes]:
+def respond(state: ClusterState, render: Render, path: str,
+            process_metrics: ProcessMetrics = bytes) -> tuple[int, str, bytes]:
     """(status, content type, body) for a GET of `path`."""
     if path == "/healthz":
         return 200, "text/plain", b"ok"
     if path == "/metrics":
         [item] = render(state, Query(kind=METRICS_QUERY))
-        return 200, "text/plain; version=0.0.4", str(item["text"]).encode()
+        return 200, "text/plain; version=0.0.4", str(item["text"]).encode() + process_metrics()
     routed = route(path)
     if routed is None:
         return _status(404, "NotFound", f"the server could not find the requested resource {path}")
@@ -79,7 +83,8 @@ def _status(code: int, reason: str, message: str) -> tuple[int, str, bytes]:
     return code, "application/json", json.dumps(body).encode()
 
 
-async def serve(state: ClusterState, render: Render, host: str, port: int) -> asyncio.Server:
+async def serve(state: ClusterState, render: Render, host: str, port: int,
+                process_metrics: ProcessMetrics = bytes) -> asyncio.Server:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = (await reader.readline())[:MAX_REQUEST_LINE].decode("latin-1").split()
@@ -91,7 +96,7 @@ async def serve(state: ClusterState, render: Render, host: str, port: int) -> as
             if method != "GET":
                 code, ctype, body = _status(405, "MethodNotAllowed", "the read API is read-only")
             else:
-                code, ctype, body = respond(state, render, path)
+                code, ctype, body = respond(state, render, path, process_metrics)
             head = (f"HTTP/1.1 {code} {'OK' if code == 200 else 'Error'}\r\n"
                     f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                     "Connection: close\r\n\r\n")
