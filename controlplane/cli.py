@@ -319,11 +319,24 @@ def _connection_options(p: argparse.ArgumentParser, defaults: Mapping[str, objec
                    help="installation prefix; default: $VIRTBUS_PREFIX or virtbus")
     p.add_argument("--as", dest="actor", default=defaults["actor"],
                    help="actor recorded on the events")
+    for flag, dest, about in CREDENTIAL_FLAGS:
+        p.add_argument(flag, dest=dest, default=defaults[dest], help=about)
+
+
+CREDENTIAL_FLAGS = (
+    ("--nats-credentials", "credentials", 'JSON {"user", "password"} file, mode 0600; '
+                                          "default: $VIRTBUS_NATS_CREDENTIALS or context"),
+    ("--nats-ca", "ca", "CA that verifies the server (TLS); default: $VIRTBUS_NATS_CA or "
+                        "context"),
+    ("--nats-cert", "cert", "client certificate (mutual TLS)"),
+    ("--nats-key", "key", "its private key, mode 0600"),
+)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="virtbus", description=__doc__.splitlines()[0])
-    _connection_options(p, {"nats_url": None, "prefix": None, "actor": ""})
+    _connection_options(p, {"nats_url": None, "prefix": None, "actor": "", "credentials": None,
+                            "ca": None, "cert": None, "key": None})
     sub = p.add_subparsers(dest="command", required=True)
 
     u = sub.add_parser("up", help="run everything on this machine")
@@ -337,6 +350,11 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--node-grace", type=float, default=None)
     u.add_argument("--http-port", type=int, default=0,
                    help="port of the HTTP read API on 127.0.0.1 (default: a free one)")
+    u.add_argument("--secure", action="store_true",
+                   help="TLS, one NATS identity per process and person, the RBAC policy "
+                        "enforced; material kept in DATA_DIR/secure")
+    u.add_argument("--policy", type=Path, default=None,
+                   help="with --secure: the RBAC policy (default: operator is cluster-admin)")
 
     _writers(sub)
     _readers(sub)
@@ -353,7 +371,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("target", help="the VMI (guest-*) or the node (agent-*)")
     _namespace(s)
     s.set_defaults(run=cmd_sim)
-    unset = dict.fromkeys(("nats_url", "prefix", "actor"), argparse.SUPPRESS)
+    unset = dict.fromkeys(("nats_url", "prefix", "actor", "credentials", "ca", "cert", "key"),
+                          argparse.SUPPRESS)
     for command in sub.choices.values():
         _connection_options(command, unset)  # given after the command, they win
     return p
@@ -460,7 +479,12 @@ def main(argv: list[str] | None = None) -> int:
                          prefix=args.prefix or os.environ.get(PREFIX_ENV) or DEFAULT_PREFIX,
                          libvirt_uri=args.libvirt_uri,
                          replicas=args.replicas, http_port=args.http_port,
+                         secure=args.secure or args.policy is not None, policy=args.policy,
                          **({"node_grace_seconds": args.node_grace} if args.node_grace else {}))
+        if opts.secure and opts.nats_url:
+            print("error: --secure runs its own nats-server; for a server of your own, give "
+                  "it `python -m events.authorization`'s accounts and TLS", file=sys.stderr)
+            return 2
         try:
             return up(opts)
         except Unreachable as e:
@@ -473,10 +497,11 @@ def main(argv: list[str] | None = None) -> int:
         files = [a for f in args.filename for a in ("-f", f)]
         return subprocess.call([sys.executable, "-m", "nodeagent", "domxml", *files,
                                 "--domain-type", args.domain_type])
-    ctx = resolve(args.nats_url, args.prefix)
+    ctx = resolve(args.nats_url, args.prefix, credentials=args.credentials, ca=args.ca,
+                  cert=args.cert, key=args.key)
 
     async def go() -> int:
-        vb = await Client.connect(ctx.nats_url, ctx.prefix, args.actor)
+        vb = await Client.connect(ctx.access, ctx.prefix, args.actor)
         try:
             code: int = await args.run(args, vb)
             return code
@@ -497,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: the read service is not answering; is `virtbus up` running?",
               file=sys.stderr)
     except (OSError, TimeoutError, NoServersError) as e:
-        print(f"error: cannot reach virtbus at {ctx.nats_url}: {e}", file=sys.stderr)
+        print(f"error: cannot reach virtbus at {shown(ctx.nats_url)}: {e}", file=sys.stderr)
     except KeyboardInterrupt:
         return 130
     return 1

@@ -28,7 +28,7 @@ from controlplane.defaults import COMMAND_AWAIT_TIMEOUT_SECONDS
 from events.api.hco_defaults import KIND as HCO_API_KIND
 from events.api.manifest import decode_object
 from events.codec import Event
-from events.connect import connect
+from events.connect import Access, connect, url_user
 from events.directget import last_on, read_all, sequence
 from events.errors import InvalidSpec, NotFound
 from events.hco import HCO_KIND, OPERAND_TOKENS
@@ -37,11 +37,12 @@ from events.messages import (
     Outcome,
     check_envelope,
     marker_aggregate,
+    outcome_key,
     recorded_outcome,
 )
 from events.nodes import NODE_KIND
 from events.query import Query, ask
-from events.subjects import DEFAULT_PREFIX, Layout, aggregate_id, encode_token, split_aggregate_id
+from events.subjects import DEFAULT_PREFIX, Layout, aggregate_id, split_aggregate_id
 from events.transient import retry_within
 from events.vm import VM_KIND, VMI_KIND
 from projections.cluster import ClusterState
@@ -124,12 +125,15 @@ class Client:
         self._outcomes: KeyValue | None = None
 
     @classmethod
-    async def connect(cls, url: str, prefix: str = DEFAULT_PREFIX, actor: str = "") -> Self:
+    async def connect(cls, access: Access | str, prefix: str = DEFAULT_PREFIX,
+                      actor: str = "") -> Self:
         # Reconnects (to another server of a cluster) when its server goes; a few attempts.
-        nc = await connect(url, "virtbus-client", connect_timeout=5, allow_reconnect=True,
+        nc = await connect(access, "virtbus-client", connect_timeout=5, allow_reconnect=True,
                            max_reconnect_attempts=RECONNECT_ATTEMPTS,
                            reconnect_time_wait=RECONNECT_WAIT_SECONDS, error_cb=_quiet)
-        return cls(nc, Layout(prefix), actor or default_actor())
+        # Who logs in is who acts: a secured server lets a user command under its name only.
+        user = access.user if isinstance(access, Access) else url_user(access)
+        return cls(nc, Layout(prefix), actor or user or default_actor())
 
     async def close(self) -> None:
         await self.nc.close()
@@ -187,7 +191,7 @@ class Client:
 
     async def _expect_outcome(self, command_id: str) -> tuple[asyncio.Future[Msg], Any]:
         arrival: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        subject = f"$KV.{self.layout.outcomes_bucket}.{encode_token(command_id)}"
+        subject = f"$KV.{self.layout.outcomes_bucket}.{outcome_key(self.actor, command_id)}"
         sub = await self.nc.subscribe(subject, future=arrival, max_msgs=1)
         return arrival, sub
 
@@ -227,7 +231,7 @@ class Client:
         if self._outcomes is None:  # bound once, not a STREAM.INFO round trip per look
             self._outcomes = await self.js.key_value(self.layout.outcomes_bucket)
         try:
-            entry = await self._outcomes.get(encode_token(command_id))
+            entry = await self._outcomes.get(outcome_key(self.actor, command_id))
         except KeyNotFoundError:
             entry = None
         if entry is not None and entry.value:
@@ -274,7 +278,7 @@ class Client:
     async def query(self, kind: str, namespace: str = "", name: str = "",
                     after: int = 0) -> list[dict[str, Any]]:
         query = Query(kind=kind, namespace=namespace, name=name, after=after)
-        answer = await retry_within(lambda: ask(self.nc, self.layout, query),
+        answer = await retry_within(lambda: ask(self.nc, self.layout, query, self.actor),
                                     "asking the read service", RETRY_WITHIN_SECONDS)
         if answer.error:
             raise RuntimeError(f"read service: {answer.error}")

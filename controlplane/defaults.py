@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Final
 
+from events.messages import SYSTEM_ACTOR_PREFIX
+
 NODE_MONITOR_GRACE_SECONDS: Final = 20.0
 """A node whose agent has not heartbeated for this long becomes NotReady (kube: 40s)."""
 NODE_MONITOR_PERIOD_SECONDS: Final = 1.0
 """How often the node lifecycle controller looks at heartbeats."""
-COMMAND_ACTOR_CONTROLLER: Final = "system:controller"
+COMMAND_ACTOR_CONTROLLER: Final = f"{SYSTEM_ACTOR_PREFIX}controller"
 CONTROLLER_RETRIES: Final = 10
 """Times a controller command the log could not take is sent again (backing off to 5 s)."""
 INTAKE_CONCURRENCY: Final = 256

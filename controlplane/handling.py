@@ -161,7 +161,10 @@ class Memory:
         view.apply(event, sequence)
 
     async def load(self, agg_id: str, view_cls: type[View]) -> View:
-        """Read the object's events from the log and keep the view folded from them."""
+        """Read the object's events from the log and keep the view folded from them. The
+        view's sequence is its subject's last, whatever is stored there: a message that is
+        no event (skipped, logged) still moves the subject on, and the next append to it
+        must expect that message, or it conflicts on every attempt."""
         layout = self.log.layout
         view = view_cls(agg_id)
         for msg in await self.log.read_all(layout.events_stream,
@@ -169,6 +172,7 @@ class Memory:
             event = read_event(msg)
             if event is not None:
                 view.apply(event, sequence(msg))
+            view.last_sequence = sequence(msg)
         self.views[agg_id] = view
         self._stale.discard(agg_id)
         return view
@@ -261,9 +265,16 @@ HANDLERS: dict[tuple[str, str], Handler] = {}
 H = TypeVar("H", bound=Handler)
 
 
-def handles(kind: str, verb: str) -> Callable[[H], H]:
+INTERNAL_VERBS: set[tuple[str, str]] = set()
+"""(kind, verb) pairs only the control plane itself decides: its controllers' commands and
+the node reports it turns into commands. The command intake refuses them from anyone."""
+
+
+def handles(kind: str, verb: str, *, internal: bool = False) -> Callable[[H], H]:
     def register(fn: H) -> H:
         HANDLERS[(kind, verb)] = fn
+        if internal:
+            INTERNAL_VERBS.add((kind, verb))
         return fn
 
     return register
@@ -435,9 +446,9 @@ class CommandHandler:
                                      layout.aggregate_subject(marker_id(command)))
         if msg is None:
             return None
-        outcome = recorded_outcome(decode((msg.headers or {})[TOPIC_HEADER], msg.data),
-                                   sequence(msg))
-        if outcome is None:
+        topic = (msg.headers or {}).get(TOPIC_HEADER)
+        outcome = recorded_outcome(decode(topic, msg.data), sequence(msg)) if topic else None
+        if outcome is None:  # or a stray entry planted on the marker's subject
             raise OutcomeUnknown(f"command {command.id} has a marker this version cannot read")
         return Result(outcome)
 

@@ -156,7 +156,7 @@ def apply(d_: Decision) -> None:
     _record(d_, hco)
 
 
-@handles(KIND, "create-default")
+@handles(KIND, "create-default", internal=True)
 def create_default(d_: Decision) -> None:
     """The controller's first start: the effective configuration must always exist. A
     HyperConverged that was ever written (even deleted since) is left alone."""
@@ -186,7 +186,7 @@ def delete(d_: Decision) -> None:
             d_.trigger(operand, OperandDeleted, kind=op.kind)
 
 
-@handles(KIND, "status")
+@handles(KIND, "status", internal=True)
 def status(d_: Decision) -> None:
     """Record the controller's conditions when they differ from the recorded ones."""
     agg = load_hco(d_)
@@ -237,4 +237,4 @@ def _operand_reconcile(d_: Decision) -> None:
 
 for _op in OPERANDS:
     handles(_op.kind, "apply")(_operand_apply)
-    handles(_op.kind, "reconcile")(_operand_reconcile)
+    handles(_op.kind, "reconcile", internal=True)(_operand_reconcile)

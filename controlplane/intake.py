@@ -44,11 +44,20 @@ from controlplane.defaults import (
     PULL_EXPIRES_SECONDS,
     PULL_TOP_UP,
 )
-from controlplane.handling import Verdict
+from controlplane.handling import INTERNAL_VERBS, Verdict
 from controlplane.writer import Writer
 from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped
-from events.messages import MAX_ID_LENGTH, Command, NodeReport, message_decoder
-from events.subjects import Layout, encode_token
+from events.messages import (
+    MAX_ID_LENGTH,
+    SYSTEM_ACTOR_PREFIX,
+    Command,
+    NodeReport,
+    message_decoder,
+    node_actor,
+    outcome_key,
+)
+from events.policy import Policy, command_request
+from events.subjects import Layout
 from events.transient import is_transient, note, retry_until_stopped
 
 log = structlog.get_logger(__name__)
@@ -236,10 +245,12 @@ def decode_command(msg: Msg) -> Command:
 
 
 class CommandIntake:
-    def __init__(self, nc: Client, layout: Layout, writer: Writer) -> None:
+    def __init__(self, nc: Client, layout: Layout, writer: Writer,
+                 policy: Policy | None = None) -> None:
         self.nc = nc
         self.layout = layout
         self.writer = writer
+        self.policy = policy or Policy.open()
         self.outcomes: KeyValue | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -254,15 +265,41 @@ class CommandIntake:
 
     async def handle(self, msg: Msg) -> None:
         command = decode_command(msg)
-        actor = self.layout.command_actor(msg.subject)
-        if command.actor != actor:
-            verdict = Verdict(f"actor {command.actor!r} does not match the subject's {actor!r}",
-                              "actor")
+        verdict = admission_verdict(command, self.layout.command_actor(msg.subject),
+                                    self.policy)
+        if verdict is not None:
+            log.warning("command refused", command_id=command.id, actor=command.actor,
+                        kind=command.kind, verb=command.verb, reason=verdict.reason)
             result = await self.writer.handler.record_refusal(command, verdict)
         else:
             result = await self.writer.execute(command)
         assert self.outcomes is not None, "run() binds the bucket first"
-        await self.outcomes.put(encode_token(command.id), _encode(result.outcome))
+        await self.outcomes.put(outcome_key(command.actor, command.id),
+                                _encode(result.outcome))
+
+
+def admission_verdict(command: Command, subject_actor: str, policy: Policy) -> Verdict | None:
+    """Why a client's command is not the client's to give, or None.
+
+    The subject's actor token is the one the server vouches for (each user may publish only
+    under its own); the body must agree. `system:` actors and internal verbs belong to the
+    control plane's own controllers and to the reports it turns into commands, which never
+    pass through the command stream. Then the policy decides, as Kubernetes RBAC would
+    decide the request `kubectl`/`virtctl` make for the same thing."""
+    if command.actor != subject_actor:
+        return Verdict(f"actor {command.actor!r} does not match the subject's "
+                       f"{subject_actor!r}", "actor")
+    if command.actor.startswith(SYSTEM_ACTOR_PREFIX):
+        return Verdict(f"actor {command.actor!r}: {SYSTEM_ACTOR_PREFIX}* actors are the "
+                       "control plane's own", "actor")
+    if (command.kind, command.verb) in INTERNAL_VERBS:
+        return Verdict(f"{command.kind} {command.verb!r} is decided by the control plane "
+                       "itself, not accepted as a command", "verb")
+    request = command_request(command.kind, command.verb, command.namespace,
+                              command.manifest)
+    if not policy.allows(command.actor, request):
+        return Verdict(f"forbidden: User {command.actor!r} {request}")
+    return None
 
 
 class ReportIntake:
@@ -283,6 +320,9 @@ class ReportIntake:
             report = _decode_report(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise DeadLetter(f"not a node report: {e}") from None
+        node = self.layout.report_node(msg.subject)
+        if report.node != node:  # the subject is what the server vouches for
+            raise DeadLetter(f"node: the report names {report.node!r}, its subject {node!r}")
         command = report_command(report)
         if command is not None:
             result = await self.writer.execute(command)
@@ -293,7 +333,7 @@ class ReportIntake:
 
 def report_command(report: NodeReport) -> Command | None:
     command_id = str(uuid.uuid5(_REPORT_IDS, report.id))
-    actor = f"system:node:{report.node}"
+    actor = node_actor(report.node)
     match report.kind:
         case "node" if report.info is not None:
             return Command(id=command_id, actor=actor, kind="Node", verb="register",

@@ -24,7 +24,7 @@ def load_node(d: Decision) -> Aggregate[NodeView]:
     return d.load(aggregate_id(NODE_KIND, "", d.command.name), NodeView)
 
 
-@handles(KIND, "register")
+@handles(KIND, "register", internal=True)
 def register(d: Decision) -> None:
     """An agent's host description: registers the node, or records what changed."""
     info = d.body(NodeInfo)
@@ -37,7 +37,7 @@ def register(d: Decision) -> None:
         d.trigger(node, NodeReady)
 
 
-@handles(KIND, "ready")
+@handles(KIND, "ready", internal=True)
 def ready(d: Decision) -> None:
     node = load_node(d)
     if not node.exists or node.state.ready:
@@ -45,7 +45,7 @@ def ready(d: Decision) -> None:
     d.trigger(node, NodeReady)
 
 
-@handles(KIND, "not-ready")
+@handles(KIND, "not-ready", internal=True)
 def not_ready(d: Decision) -> None:
     node = load_node(d)
     if not node.exists or not node.state.ready:

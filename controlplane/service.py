@@ -14,7 +14,8 @@ from controlplane.intake import CommandIntake, ReportIntake
 from controlplane.lease import Lease
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
-from events.connect import connect
+from events.connect import Access, connect, shown
+from events.policy import Policy
 from events.streams import ensure_all
 from events.subjects import Layout
 
@@ -24,12 +25,14 @@ DEFAULT_HOLDER = os.environ.get("VIRTBUS_REPLICA", "") or socket.gethostname()
 """This replica's name in the lease: stable across its own restarts."""
 
 
-async def serve(nats_url: str, layout: Layout, *, replicas: int = 1,
+async def serve(access: Access | str, layout: Layout, *, replicas: int = 1,
                 node_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS,
-                holder: str = DEFAULT_HOLDER, stop: asyncio.Event | None = None) -> bool:
+                holder: str = DEFAULT_HOLDER, stop: asyncio.Event | None = None,
+                policy: Policy | None = None) -> bool:
     """Lead (once the lease is ours) until `stop`; False if the lease was lost instead."""
     stop = stop or asyncio.Event()
-    nc = await connect(nats_url, f"{layout.prefix}-controlplane")
+    access = access if isinstance(access, Access) else Access(access)
+    nc = await connect(access, f"{layout.prefix}-controlplane")
     await ensure_all(nc.jetstream(), layout, replicas)
     lease = Lease(nc, layout, holder)
     if not await lease.acquire(stop):
@@ -44,11 +47,12 @@ async def serve(nats_url: str, layout: Layout, *, replicas: int = 1,
 
     writer = Writer(nc, layout)
     loop = ControlLoop(nc, layout, writer, node_grace_seconds)
-    log.info("control plane started", nats_url=nats_url, prefix=layout.prefix)
+    log.info("control plane started", nats_url=shown(access.url), prefix=layout.prefix,
+             authorization="policy" if policy is not None and policy.enforced else "open")
     watchers = [asyncio.ensure_future(halt_on(e)) for e in (stop, lost)]
     try:
         await asyncio.gather(
-            CommandIntake(nc, layout, writer).run(halt),
+            CommandIntake(nc, layout, writer, policy).run(halt),
             ReportIntake(nc, layout, writer).run(halt),
             loop.run(halt),
             lease.hold(halt, lost),
@@ -60,13 +64,13 @@ async def serve(nats_url: str, layout: Layout, *, replicas: int = 1,
     return not lost.is_set()
 
 
-def run(nats_url: str, layout: Layout, **kwargs: object) -> int:
+def run(access: Access, layout: Layout, **kwargs: object) -> int:
     """The process: exit status 1 when the lease was lost, so a supervisor restarts it."""
 
     async def main() -> bool:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        return await serve(nats_url, layout, stop=stop, **kwargs)  # type: ignore[arg-type]
+        return await serve(access, layout, stop=stop, **kwargs)  # type: ignore[arg-type]
 
     return 0 if asyncio.run(main()) else 1

@@ -17,9 +17,10 @@ import structlog
 
 from controlplane.context import Context, write_context
 from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS
-from events.connect import connect
+from controlplane.secured import OPERATOR_USER, Secured, secure
+from events.connect import Access
 from events.server import EmbeddedNats, free_port
-from events.streams import ensure_all
+from events.streams import prepare_streams
 from events.subjects import DEFAULT_PREFIX, Layout
 
 log = structlog.get_logger(__name__)
@@ -40,6 +41,11 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     node_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS
     http_port: int = 0
     """The HTTP read API's port on 127.0.0.1; 0 picks a free one."""
+    secure: bool = False
+    """TLS, one NATS identity per process and person, and the policy enforced
+    (`controlplane.secured`)."""
+    policy: Path | None = None
+    """The RBAC policy of a secured installation (default: the operator may do all)."""
 
 
 class Child:
@@ -72,18 +78,32 @@ class Child:
                 self.process.wait()
 
 
-def children(opts: UpOptions, url: str, logs: Path, http_port: int) -> list[Child]:
+def node_names(opts: UpOptions) -> list[str]:
+    return [f"node-{i}" for i in range(1, opts.nodes + 1)]
+
+
+def children(opts: UpOptions, url: str, logs: Path, http_port: int,
+             secured: Secured | None = None) -> list[Child]:
     common = ["--nats-url", url, "--prefix", opts.prefix]
+
+    def login(credentials: str) -> list[str]:
+        """A process's own identity: paths only, the secrets stay in the files."""
+        return ["--nats-credentials", credentials, "--nats-ca", secured.ca] if secured else []
+
+    decides = ["--policy", secured.policy] if secured else []
     out = [
         Child("controlplane", ["-m", "controlplane", "run", *common,
+                               *login(secured.controlplane if secured else ""), *decides,
                                "--replicas", str(opts.replicas),
                                "--node-grace", str(opts.node_grace_seconds)], logs),
         Child("projections", ["-m", "projections", "run", *common,
+                              *login(secured.projections if secured else ""), *decides,
                               "--listen", f"127.0.0.1:{http_port}"], logs),
     ]
-    for i in range(1, opts.nodes + 1):
-        out.append(Child(f"node-{i}", agent_args(f"node-{i}", common, opts.libvirt_uri,
-                                                 opts.data_dir), logs))
+    for node in node_names(opts):
+        own = login(secured.node_credentials(node) if secured else "")
+        out.append(Child(node, agent_args(node, [*common, *own], opts.libvirt_uri,
+                                          opts.data_dir), logs))
     return out
 
 
@@ -104,22 +124,32 @@ def up(opts: UpOptions) -> int:
     logs.mkdir(exist_ok=True)
     server: EmbeddedNats | None = None
     url = opts.nats_url
-    if not url:
-        server = EmbeddedNats(opts.data_dir / "nats", port=opts.nats_port).start()
-        url = server.url
     layout = Layout(opts.prefix)
+    secured = secure(opts.data_dir, layout, node_names(opts), opts.policy) \
+        if opts.secure else None
+    if not url:
+        server = EmbeddedNats(opts.data_dir / "nats", port=opts.nats_port,
+                              tls=secured.server if secured else None,
+                              extra_config=secured.server_config if secured else "").start()
+        url = server.url
+    admin = Access(url, credentials=secured.admin, ca=secured.ca) if secured else Access(url)
     try:
-        asyncio.run(_prepare(url, layout, opts.replicas))
+        asyncio.run(prepare_streams(admin, layout, opts.replicas))
     except BaseException:  # Unreachable above all: no server of ours left behind
         if server is not None:
             server.stop()
         raise
     http_port = opts.http_port or free_port()
-    procs = children(opts, url, logs, http_port)
+    procs = children(opts, url, logs, http_port, secured)
     for child in procs:
         child.start()
-    path = write_context(Context(nats_url=url, prefix=opts.prefix, data_dir=str(opts.data_dir)))
+    path = write_context(Context(nats_url=url, prefix=opts.prefix, data_dir=str(opts.data_dir),
+                                 credentials=secured.operator if secured else "",
+                                 ca=secured.ca if secured else ""))
+    security = (f"TLS, you are {OPERATOR_USER!r}, policy {secured.policy}" if secured
+                else "open: no TLS, no identities, every user may do everything")
     print(f"virtbus is up\n  NATS:      {url} (prefix {opts.prefix})\n"
+          f"  security:  {security}\n"
           f"  HTTP:      http://127.0.0.1:{http_port}/apis/kubevirt.io/v1/virtualmachines"
           f" (and /metrics)\n"
           f"  data:      {opts.data_dir}\n  logs:      {logs}/\n  context:   {path}\n"
@@ -148,13 +178,3 @@ def up(opts: UpOptions) -> int:
         if server is not None:
             server.stop()
     return 0
-
-
-async def _prepare(url: str, layout: Layout, replicas: int) -> None:
-    """Streams and buckets, before any child starts; `Unreachable` (one sentence) if no
-    server of `url` answers: a person is waiting, so `up` does not retry for ever."""
-    nc = await connect(url, "virtbus-up", allow_reconnect=False)
-    try:
-        await ensure_all(nc.jetstream(), layout, replicas)
-    finally:
-        await nc.close()

@@ -18,7 +18,7 @@ from controlplane.vm_commands import load_vm
 from events.api.base import ObjectMeta
 from events.api.vm import VirtualMachineInstance
 from events.errors import InvalidSpec
-from events.messages import DomainObservation
+from events.messages import DomainObservation, node_actor
 from events.subjects import aggregate_id
 from events.vm import (
     PAUSED_USER_REQUESTED,
@@ -76,7 +76,7 @@ def apply(d: Decision) -> None:
               spec=with_cluster_cpu_model(d, new.spec))
 
 
-@handles(KIND, "create-for-vm")
+@handles(KIND, "create-for-vm", internal=True)
 def create_for_vm(d: Decision) -> None:
     """The VM controller's: a VMI from the VM's template, at the VM's restart count."""
     cmd = d.command
@@ -101,7 +101,7 @@ def create_for_vm(d: Decision) -> None:
               restart_count=vm.state.restart_count)
 
 
-@handles(KIND, "schedule")
+@handles(KIND, "schedule", internal=True)
 def schedule(d: Decision) -> None:
     vmi = existing_vmi(d)
     node = d.body(ScheduleBody).node
@@ -110,7 +110,7 @@ def schedule(d: Decision) -> None:
     d.trigger(vmi, VirtualMachineInstanceScheduled, node=node)
 
 
-@handles(KIND, "fail")
+@handles(KIND, "fail", internal=True)
 def fail(d: Decision) -> None:
     """A controller's verdict, e.g. the node under a VMI is lost."""
     vmi = existing_vmi(d)
@@ -134,7 +134,7 @@ def delete(d: Decision) -> None:
         d.trigger(vmi, VirtualMachineInstanceDeleted)
 
 
-@handles(KIND, "observe")
+@handles(KIND, "observe", internal=True)
 def observe(d: Decision) -> None:
     """A node's report of a domain, turned into phase changes and final deletion."""
     obs = d.body(DomainObservation)
@@ -142,6 +142,9 @@ def observe(d: Decision) -> None:
     state = vmi.state
     if not vmi.exists or state.uid != obs.uid:
         raise Rejected("stale report: no such VMI instance")
+    if d.command.actor != node_actor(state.node):
+        raise Rejected(f"{d.command.actor} reported a VMI that runs on node {state.node!r}",
+                       "node")
     if obs.gone:
         if state.phase not in TERMINAL_PHASES:
             asked = state.deletion_requested_at is not None

@@ -17,7 +17,7 @@ import msgspec
 
 from events.codec import Event, event_type
 from events.errors import InvalidSpec
-from events.subjects import aggregate_id
+from events.subjects import aggregate_id, encode_token
 
 COMMAND_KIND: Final = "command"
 M = TypeVar("M", bound=msgspec.Struct)
@@ -47,6 +47,22 @@ MAX_TOKEN_LENGTH: Final = 63
 """A kind, a verb, a namespace: DNS-1123 labels at most."""
 MAX_ID_LENGTH: Final = 200
 """A command's id and correlation id, and an actor."""
+
+SYSTEM_ACTOR_PREFIX: Final = "system:"
+"""Actors of the control plane's own commands; never accepted from the command stream."""
+NODE_ACTOR_PREFIX: Final = f"{SYSTEM_ACTOR_PREFIX}node:"
+
+
+def outcome_key(actor: str, command_id: str) -> str:
+    """A command's key in the outcomes bucket: under its actor, so each user may be allowed
+    to read and watch its own outcomes only (`$KV.<P>_OUTCOMES.<actor>.>`)."""
+    return f"{encode_token(actor)}.{encode_token(command_id)}"
+
+
+def node_actor(node: str) -> str:
+    """`system:node:<node>`: who speaks in a command made from that node's report, and who
+    asks when its agent queries the read service (the subject vouches for the node)."""
+    return f"{NODE_ACTOR_PREFIX}{node}"
 
 
 def check_envelope(command: Command) -> None:

@@ -18,6 +18,7 @@ from nats.js.api import (
 from nats.js.client import JetStreamContext
 from nats.js.errors import BadRequestError, NotFoundError
 
+from events.connect import Access, connect
 from events.subjects import Layout
 from events.transient import retry_within
 
@@ -166,21 +167,27 @@ async def ensure_all(js: JetStreamContext, layout: Layout, replicas: int = 1) ->
     for config in _stream_configs(layout, replicas):
         await ensure_stream(js, config)
     buckets = [
-        KeyValueConfig(bucket=layout.heartbeats_bucket, ttl=HEARTBEAT_TTL, replicas=replicas),
-        KeyValueConfig(bucket=layout.leases_bucket, ttl=LEASE_TTL, replicas=replicas),
-        KeyValueConfig(bucket=layout.checkpoints_bucket, replicas=replicas),
+        KeyValueConfig(bucket=layout.heartbeats_bucket, ttl=HEARTBEAT_TTL, replicas=replicas,
+                       direct=True),
+        KeyValueConfig(bucket=layout.leases_bucket, ttl=LEASE_TTL, replicas=replicas,
+                       direct=True),
+        KeyValueConfig(bucket=layout.checkpoints_bucket, replicas=replicas, direct=True),
         KeyValueConfig(bucket=layout.outcomes_bucket, ttl=COMMAND_RETENTION,
-                       replicas=replicas),
-        KeyValueConfig(bucket=layout.applied_bucket, replicas=replicas),
+                       replicas=replicas, direct=True),
+        KeyValueConfig(bucket=layout.applied_bucket, replicas=replicas, direct=True),
     ]
     for bucket in buckets:
         await ensure_bucket(js, bucket)
 
 
 async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> None:
-    """Create the bucket, or bring an existing one to `config`'s replicas (never lowered)
-    and TTL (an installation made with fewer replicas); one that matches is left alone.
-    nats-py cannot update a bucket; a bucket is the stream `KV_<bucket>`, updated as such."""
+    """Create the bucket, or bring an existing one to `config`'s replicas (never lowered),
+    TTL and Direct Get (an installation made before); one that matches is left alone.
+    nats-py cannot update a bucket; a bucket is the stream `KV_<bucket>`, updated as such.
+
+    Direct Get names the key in the request's subject (`$JS.API.DIRECT.GET.KV_<b>.$KV.<b>.
+    <key>`), so a NATS permission can give a user its own keys only; the stored-message get
+    nats-py uses otherwise names the key in the body, where no permission sees it."""
     name = f"KV_{config.bucket}"
     info = await _ensure_info(js, name)
     if info is None:
@@ -194,9 +201,10 @@ async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> None:
                 raise
     replicas = max(config.replicas, info.config.num_replicas or 1)  # never lowered
     if info.config.num_replicas == replicas and (info.config.max_age or 0.0) == (
-            config.ttl or 0.0):
+            config.ttl or 0.0) and bool(info.config.allow_direct) == config.direct:
         return
-    wanted = dataclasses.replace(info.config, num_replicas=replicas, max_age=config.ttl)
+    wanted = dataclasses.replace(info.config, num_replicas=replicas, max_age=config.ttl,
+                                 allow_direct=config.direct)
     await retry_within(lambda: js.update_stream(wanted), "updating bucket",
                        ENSURE_WITHIN_SECONDS, bucket=config.bucket)
 
@@ -213,3 +221,13 @@ async def wait_for_streams(js: JetStreamContext, layout: Layout, timeout: float 
             if asyncio.get_running_loop().time() > deadline:
                 raise
             await asyncio.sleep(0.1)  # polling for another process's set-up
+
+
+async def prepare_streams(admin: Access, layout: Layout, replicas: int) -> None:
+    """Every stream and bucket, as `admin` (the only role that may create or update them);
+    one try: a person or a deploy job is waiting."""
+    nc = await connect(admin, f"{layout.prefix}-prepare", allow_reconnect=False)
+    try:
+        await ensure_all(nc.jetstream(), layout, replicas)
+    finally:
+        await nc.close()

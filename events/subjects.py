@@ -177,6 +177,10 @@ class Layout(msgspec.Struct, frozen=True):
     def report_subject(self, node: str, kind: str) -> str:
         return f"{self.prefix}.report.{encode_token(node)}.{kind}"
 
+    def report_node(self, subject: str) -> str:
+        """The node a `report_subject` names (the server's permissions vouch for it)."""
+        return decode_token(subject.removeprefix(f"{self.prefix}.report.").split(".", 1)[0])
+
     @property
     def reports_filter(self) -> str:
         return f"{self.prefix}.report.>"

@@ -67,7 +67,7 @@ from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped, unless_s
 from events.api.hco_defaults import KUBEVIRT_MIN_CPU_MODEL
 from events.api.resources import vmi_resources
 from events.api.vm import VirtualMachineInstanceSpec
-from events.connect import connect
+from events.connect import Access, connect
 from events.errors import InvalidSpec, VirtbusError
 from events.messages import (
     DomainObservation,
@@ -76,6 +76,7 @@ from events.messages import (
     NodeReport,
     SimReply,
     SimRequest,
+    node_actor,
 )
 from events.query import Answer, Query, ask
 from events.streams import HEARTBEAT_INTERVAL, wait_for_streams
@@ -98,6 +99,7 @@ from nodeagent.defaults import (
 from nodeagent.devices import DeviceLedger
 from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
 from nodeagent.domxml import parse_manifest
+from nodeagent.hostpaths import HostPathError
 from nodeagent.phases import GuestPhase, Observation, StopCause, judge
 from nodeagent.simhost import TEST_DEFAULT_URI, for_agent
 from nodeagent.virterror import quiet_libvirt_errors
@@ -140,6 +142,11 @@ class VMIRef(msgspec.Struct, frozen=True):
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     nats_url: str
+    nats_credentials: str = ""
+    """Paths, as in `events.connect.Access`: the secrets stay in their files."""
+    nats_ca: str = ""
+    nats_cert: str = ""
+    nats_key: str = ""
     prefix: str = DEFAULT_PREFIX
     libvirt_uri: str = TEST_DEFAULT_URI
     kvm_devices: int = DEVICE_PLUGIN_CAPACITY
@@ -156,6 +163,11 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def simulated(self) -> bool:
         return lifecycle.is_test_driver(self.libvirt_uri)
+
+    @property
+    def access(self) -> Access:
+        return Access(self.nats_url, credentials=self.nats_credentials, ca=self.nats_ca,
+                      cert=self.nats_cert, key=self.nats_key)
 
 
 def work_consumer(node: str) -> str:
@@ -209,7 +221,7 @@ class NodeAgent:
         self.watcher = LifecycleWatcher(self.conn, to_asyncio(loop, observations),
                                         node=self.cfg.node)
         self.domain_type = hypervisor_domain_type(self.cfg.libvirt_uri)
-        self.nc = await connect(self.cfg.nats_url, f"agent-{self.cfg.node}")
+        self.nc = await connect(self.cfg.access, f"agent-{self.cfg.node}")
         try:
             js = self.nc.jetstream()
             if not await unless_stopped(wait_for_streams(js, self.layout), stop):
@@ -276,7 +288,8 @@ class NodeAgent:
     def _adopt_spec(self, ref: VMIRef, vmi: dict[str, Any]) -> None:
         """A guest adopted at start holds one of each device until its VMI's spec says
         what its launch took, and has its metrics disks refreshed again; a spec that no
-        longer parses keeps the safe count."""
+        longer parses keeps the safe count, and one whose metrics disks would lie outside
+        the VMI's directory has none refreshed."""
         try:
             spec, ctx = parse_manifest(vmi, domain_type=self.domain_type,
                                        disk_dir=self.cfg.disk_dir)
@@ -285,7 +298,13 @@ class NodeAgent:
                              error=str(e))
             return
         self.ledger.correct(ref.uid, self._device_demand(spec))
-        if disks := downwardmetrics.disk_paths(spec, ctx):
+        try:
+            disks = downwardmetrics.disk_paths(spec, ctx)
+        except HostPathError as e:
+            self.log.warning("metrics disks of an adopted guest not refreshed", vmi=ref.name,
+                             error=str(e))
+            return
+        if disks:
             self.metrics_disks[ref.domain] = disks
 
     def _device_demand(self, spec: VirtualMachineInstanceSpec) -> dict[str, int]:
@@ -320,7 +339,8 @@ class NodeAgent:
         try:
             info = await self.nc.jetstream().stream_info(self.layout.events_stream)
             answer = await ask(self.nc, self.layout,
-                               Query(kind=kind, after=info.state.last_seq))
+                               Query(kind=kind, after=info.state.last_seq),
+                               node_actor(self.cfg.node))
         except (NoRespondersError, TimeoutError) as e:
             raise ReadServiceUnavailable(f"{type(e).__name__}: {e}") from e
         if answer.error:
@@ -557,6 +577,9 @@ class NodeAgent:
                 await self._persist()
 
     async def _launch(self, command: NodeCommand, ref: VMIRef) -> None:
+        """Convert, create the metrics disks, define and start. Every host path is made and
+        checked (`nodeagent.hostpaths`) by the conversion, before any file is created or
+        the domain defined: a path outside the VMI's directory fails the launch."""
         if await self.worklog.finished(ref.uid):
             self.log.info("launch of a finished VMI: nothing to do", uid=ref.uid)
             return

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from events.connect import NATS_FAILURES, add_arguments, stopped_by
+from events.connect import NATS_FAILURES, access_from_args, add_arguments, stopped_by
+from events.errors import InvalidSpec
 from events.logs import configure
+from events.policy import add_policy_argument, load_policy
 from events.subjects import Layout
 from projections.service import run
 
@@ -18,14 +20,20 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(p)
     p.add_argument("--listen", metavar="HOST:PORT",
                    help="also serve the HTTP read API and /metrics here (e.g. 0.0.0.0:8080)")
+    add_policy_argument(p)
     args = parser.parse_args(argv)
     configure()
+    try:
+        policy = load_policy(args.policy)
+    except InvalidSpec as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     listen = None
     if args.listen:
         host, _, port = args.listen.rpartition(":")
         listen = (host or "0.0.0.0", int(port))
     try:
-        run(args.nats_url, Layout(args.prefix), listen)
+        run(access_from_args(args), Layout(args.prefix), listen, policy)
     except NATS_FAILURES as e:  # a malformed URL; NATS lost past what the service rides out
         return stopped_by(e)
     return 0

@@ -6,19 +6,23 @@ import asyncio
 import contextlib
 import signal
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from events.aio import unless_stopped
 from events.api.resources import ClusterTuning
 from events.codec import Event
-from events.connect import connect
-from events.query import Answer, Query, query_subject
+from events.connect import Access, connect, shown
+from events.messages import NODE_ACTOR_PREFIX
+from events.policy import Policy, Request, resource_of
+from events.query import Answer, Query, queries_filter, query_asker
 from events.streams import wait_for_streams
 from events.subjects import Layout
 from projections import http
@@ -31,6 +35,16 @@ from projections.views import NodeView, View, VirtualMachineInstanceView, Virtua
 log = structlog.get_logger(__name__)
 
 READ_WAIT_SECONDS = 10.0
+
+REPLY_PREFIXES: Final = ("_INBOX.", "_R_.")
+"""Where an answer may go: a requester's inbox (`events.connect.inbox_prefix` gives every
+role one under `_INBOX.`), or a reply the server mapped through a service import (`_R_.`,
+which no client may name itself). Anything else could be a stream's subject, and an answer
+there would be stored, by the read service's hand, in the log."""
+QUERIES_REFUSED: Final = "virtbus_read_queries_refused"
+"""Counter (Prometheus adds `_total`) of queries left unanswered, by `reason`."""
+NO_REPLY: Final = "no_reply"
+NOT_AN_INBOX: Final = "reply_not_an_inbox"
 
 
 def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
@@ -83,18 +97,89 @@ def render_view(state: ClusterState, view: View) -> dict[str, Any] | None:
     return render_hco_view(state, view)
 
 
+ANONYMOUS: Final = "system:anonymous"
+"""Who asks over HTTP (no authentication there): what Kubernetes calls an unauthenticated
+request. With a policy, the HTTP API shows only what the policy grants this user."""
+REDACTED: Final = "<redacted>"
+NODE_READABLE_KINDS: Final = ("KubeVirt",)
+"""What a node agent reads besides its own VMIs: the cluster's KubeVirt configuration (CPU
+models, feature gates), as virt-handler reads the KubeVirt CR."""
+SECRET_FIELDS: Final = ("userData", "userDataBase64", "networkData", "networkDataBase64")
+"""Cloud-init fields that may hold passwords and keys."""
+
+
+def visible(policy: Policy, asker: str, query: Query,
+            items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What of `items` `asker` may see: a node agent its own node's VMIs only; anyone else
+    what the policy lets it get (one object) or list, namespace by namespace. Cloud-init
+    secrets are shown only to who may change the object (and so could read them back by
+    writing them); a viewer or a node sees `<redacted>`; a node also reads the KubeVirt
+    configuration. Metrics and alerts are counts over
+    the cluster, served to all as Prometheus scrapes them."""
+    if query.kind in (METRICS_QUERY, ALERTS_QUERY):
+        return items
+    if asker.startswith(NODE_ACTOR_PREFIX):
+        if query.kind in NODE_READABLE_KINDS:
+            return items
+        node = asker.removeprefix(NODE_ACTOR_PREFIX)
+        return [_redacted(item) for item in items
+                if query.kind == "VirtualMachineInstance"
+                and item.get("status", {}).get("nodeName") == node]
+    group, resource = resource_of(query.kind)
+    verb = "get" if query.name else "list"
+    out = []
+    for item in items:
+        namespace = item.get("metadata", {}).get("namespace", "")
+        if not policy.allows(asker, Request(verb, group, resource, namespace)):
+            continue
+        writer = policy.allows(asker, Request("patch", group, resource, namespace))
+        out.append(item if writer else _redacted(item))
+    return out
+
+
+def _redacted(item: dict[str, Any]) -> dict[str, Any]:
+    """`item` with its cloud-init secrets replaced, in place: `render` builds every answer
+    afresh (`msgspec.to_builtins`), so no read model shares it."""
+    spec = item.get("spec", {})
+    for owner in (spec, spec.get("template", {}).get("spec", {})):
+        for source in _secret_sources(owner):
+            for field in SECRET_FIELDS:
+                if field in source:
+                    source[field] = REDACTED
+    return item
+
+
+def _secret_sources(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [v[key] for v in spec.get("volumes", []) if isinstance(v, dict)
+            for key in ("cloudInitNoCloud", "cloudInitConfigDrive")
+            if isinstance(v.get(key), dict)]
+
+
 def _matches(query: Query, namespace: str, name: str) -> bool:
     return (not query.namespace or query.namespace == namespace) and (
         not query.name or query.name == name)
 
 
 class ReadService:
-    def __init__(self, nc: Client, layout: Layout) -> None:
+    def __init__(self, nc: Client, layout: Layout, policy: Policy | None = None) -> None:
         self.nc = nc
         self.layout = layout
+        self.policy = policy or Policy.open()
         self.state = ClusterState()
         self.advanced = asyncio.Condition()
         self.answering: set[asyncio.Task[None]] = set()
+        self.registry = CollectorRegistry()
+        self.refused = Counter(QUERIES_REFUSED, "Queries the read service did not answer",
+                               ["reason"], registry=self.registry)
+
+    def render(self, state: ClusterState, query: Query,
+               asker: str = ANONYMOUS) -> list[dict[str, Any]]:
+        """`render`, as `asker` may see it."""
+        return visible(self.policy, asker, query, render(state, query))
+
+    def process_metrics(self) -> bytes:
+        """This process's own counters, for `/metrics` (not functions of the log)."""
+        return generate_latest(self.registry)
 
     async def _on_event(self, sequence: int, event: Event) -> None:
         self.state.apply(event, sequence)
@@ -111,7 +196,14 @@ class ReadService:
     async def _on_query(self, msg: Msg) -> None:
         """Answer each query in a task of its own: nats-py runs a subscription's callbacks
         one at a time, and a query waiting for the log to reach its `after` must not hold
-        up the others."""
+        up the others. A query whose reply is no inbox is refused unanswered (see
+        `REPLY_PREFIXES`): counted, and logged with the subject it named."""
+        if not msg.reply.startswith(REPLY_PREFIXES):
+            reason = NOT_AN_INBOX if msg.reply else NO_REPLY
+            self.refused.labels(reason).inc()
+            log.warning("refused a query: its reply subject is not an inbox",
+                        reply=msg.reply, subject=msg.subject, reason=reason)
+            return
         task = asyncio.ensure_future(self._answer(msg))
         self.answering.add(task)
         task.add_done_callback(self.answering.discard)
@@ -126,10 +218,16 @@ class ReadService:
             async with self.advanced:
                 await asyncio.wait_for(self.advanced.wait_for(
                     lambda: self.state.last_sequence >= after), READ_WAIT_SECONDS)
-            answer = Answer(items=render(self.state, query), sequence=self.state.last_sequence)
+            answer = Answer(items=self.render(self.state, query,
+                                              query_asker(self.layout, msg.subject)),
+                            sequence=self.state.last_sequence)
         except (msgspec.DecodeError, TimeoutError) as e:
             answer = Answer(error=f"{type(e).__name__}: {e}")
         await msg.respond(msgspec.msgpack.encode(answer))
+
+    async def listen(self) -> Subscription:
+        """Start answering queries (on what the state holds, as it advances)."""
+        return await self.nc.subscribe(queries_filter(self.layout), cb=self._on_query)
 
     async def _last_event_until(self, after: int) -> int:
         """`after` names a stream position (the events stream's last sequence, as a node
@@ -144,8 +242,9 @@ class ReadService:
     async def run(self, stop: asyncio.Event, listen: tuple[str, int] | None = None) -> None:
         if not await unless_stopped(wait_for_streams(self.nc.jetstream(), self.layout), stop):
             return
-        sub = await self.nc.subscribe(query_subject(self.layout), cb=self._on_query)
-        server = await http.serve(self.state, render, *listen) if listen else None
+        sub = await self.listen()
+        server = (await http.serve(self.state, self.render, *listen, self.process_metrics)
+                  if listen else None)
         try:
             await follow(self.nc, self.layout, self._on_event, on_skip=self._on_skip,
                          stop=stop)
@@ -157,15 +256,17 @@ class ReadService:
                 task.cancel()
 
 
-def run(nats_url: str, layout: Layout, listen: tuple[str, int] | None = None) -> None:
+def run(access: Access, layout: Layout, listen: tuple[str, int] | None = None,
+        policy: Policy | None = None) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        nc = await connect(nats_url, f"{layout.prefix}-projections")
-        log.info("read service started", nats_url=nats_url, prefix=layout.prefix)
+        nc = await connect(access, f"{layout.prefix}-projections")
+        log.info("read service started", nats_url=shown(access.url), prefix=layout.prefix,
+                 authorization="policy" if policy is not None and policy.enforced else "open")
         try:
-            await ReadService(nc, layout).run(stop, listen)
+            await ReadService(nc, layout, policy).run(stop, listen)
         finally:
             await nc.close()
 

@@ -4,39 +4,52 @@ and accounts.conf gives each role what the design's NATS layout says, and no mor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
-import shutil
 import subprocess
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import yaml
 from nats.aio.client import Client
-from nats.js.api import ConsumerConfig
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.kv import KeyValue
 
-from events.connect import connect, inbox_prefix
-from events.query import query_subject
-from events.server import EmbeddedNats, nats_server_binary
+from events import authorization
+from events.authorization import ADMIN_USER, CONTROLPLANE_USER, PROJECTIONS_USER
+from events.connect import inbox_prefix
+from events.directget import read_all
+from events.messages import node_actor
+from events.policy import load_policy
+from events.query import Query, ask, query_subject
+from events.server import nats_server_binary
 from events.streams import ensure_all
 from events.subjects import Layout
+from nodeagent.agent import work_consumer
+from projections.service import ReadService
+from tests.security import conftest as security
 from tests.system.harness import eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 NATS_CONFS = sorted((DEPLOY / "nats").rglob("*.conf"))
 YAMLS = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")])
-# `$NAME` outside quotes: an environment variable the server must be given.
-_ENV_REF = re.compile(r'^[^"#\n]*?\$([A-Za-z_][A-Za-z0-9_]*)', re.MULTILINE)
-PASSWORD = "test-password"
-
-
-def _env_for(*texts: str) -> dict[str, str]:
-    names = {name for text in texts for name in _ENV_REF.findall(text)}
-    return {**os.environ, **dict.fromkeys(names, PASSWORD)}
+Refusals = security.Refusals
+_connect = security.connect_as
+_env_for = security.env_for
+secured_nats = security.secured_nats  # the fixture, shared with tests/security
+ACCOUNTS_CONF = security.ACCOUNTS_CONF
+POLICY = DEPLOY / "nats" / "policy.yaml"
+SHORT = 1.0
+"""How long a request the server refuses is given: it is dropped, so it times out."""
+WEB, OTHER = "vm.default.web", "vm.default.other"
 
 
 def _check(conf: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -53,8 +66,10 @@ def test_every_config_is_found() -> None:
     assert any(p.parent.name == "kubernetes" for p in YAMLS)
 
 
-@pytest.mark.parametrize("conf", NATS_CONFS, ids=lambda p: str(p.relative_to(DEPLOY)))
-def test_nats_config_is_valid(conf: Path) -> None:
+def test_accounts_conf_is_valid() -> None:
+    """The server configs, which name TLS files, are checked with certificates in place by
+    tests/test_tls.py, with and without this file included."""
+    conf = DEPLOY / "nats" / "accounts.conf"
     result = _check(conf, _env_for(conf.read_text()))
     assert result.returncode == 0, result.stderr
     assert "is valid" in result.stderr
@@ -66,17 +81,6 @@ def test_accounts_conf_refuses_to_start_without_passwords() -> None:
     result = _check(conf, env)
     assert result.returncode != 0
     assert "VIRTBUS_NATS_" in result.stderr
-
-
-@pytest.mark.parametrize("server", ["single.conf", "cluster/n1.conf"])
-def test_server_configs_with_accounts_included(server: str, tmp_path: Path) -> None:
-    """The documented way to turn on authentication: include accounts.conf beside it."""
-    shutil.copytree(DEPLOY / "nats", tmp_path / "nats")
-    conf = tmp_path / "nats" / server
-    include = "../accounts.conf" if "/" in server else "./accounts.conf"
-    conf.write_text(f"{conf.read_text()}\ninclude {include}\n")
-    result = _check(conf, _env_for((DEPLOY / "nats" / "accounts.conf").read_text()))
-    assert result.returncode == 0, result.stderr
 
 
 def test_cluster_nodes_agree() -> None:
@@ -125,31 +129,13 @@ def test_kubernetes_manifests_shape() -> None:
     assert ("Service", "virtbus-projections") in by_kind
 
 
-def test_kubernetes_nats_config_is_valid(tmp_path: Path) -> None:
-    config_map = next(
-        d for d in _manifests()
-        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "virtbus-nats-config"
-    )
-    conf = tmp_path / "nats.conf"
-    conf.write_text(config_map["data"]["nats.conf"])
-    result = _check(conf, {**os.environ, "POD_NAME": "virtbus-nats-0"})
-    assert result.returncode == 0, result.stderr
-
-
 # --- accounts.conf, enforced by a real server -------------------------------------------
 
-Refusals = list[str]
-
-
-async def _connect(url: str, user: str) -> tuple[Client, Refusals]:
-    refusals: Refusals = []
-
-    async def on_error(e: Exception) -> None:
-        refusals.append(str(e))
-
-    nc = await connect(url.replace("nats://", f"nats://{user}:{PASSWORD}@"), user,
-                       error_cb=on_error, allow_reconnect=False)
-    return nc, refusals
+def test_accounts_conf_is_what_the_policy_renders(capsys: pytest.CaptureFixture[str]) -> None:
+    """The shipped file is `python -m events.authorization`'s output for the shipped policy."""
+    assert authorization.main(["--policy", str(POLICY), "--node", "n1", "--node", "n2",
+                               "--node", "n3"]) == 0
+    assert capsys.readouterr().out == ACCOUNTS_CONF.read_text()
 
 
 async def _refused(refusals: Refusals, subject: str, op: Callable[[], Awaitable[Any]]) -> None:
@@ -161,85 +147,231 @@ async def _refused(refusals: Refusals, subject: str, op: Callable[[], Awaitable[
     assert any(expected in r.lower() for r in refusals), refusals
 
 
+class Store:
+    """The STORE account's side, running on the shipped config: streams made by `admin`,
+    one event appended by the control plane, the real read service answering queries; and
+    connections as anyone, closed at the end."""
+
+    def __init__(self, url: str, layout: Layout) -> None:
+        self.url, self.layout = url, layout
+        self.opened: list[Client] = []
+        self.read_service: Client | None = None
+
+    async def connect(self, user: str) -> tuple[Client, Refusals]:
+        nc, refusals = await _connect(self.url, user)
+        self.opened.append(nc)
+        return nc, refusals
+
+    async def stored(self, cp: Client) -> dict[str, int]:
+        """How many messages each stream and bucket holds, as `cp` sees them."""
+        js, layout = cp.jetstream(), self.layout
+        names = [layout.events_stream, layout.commands_stream, layout.reports_stream,
+                 layout.node_stream, *(f"KV_{b}" for b in (
+                     layout.heartbeats_bucket, layout.applied_bucket, layout.outcomes_bucket))]
+        return {name: (await js.stream_info(name)).state.messages for name in names}
+
+
 @pytest.fixture
-def secured_nats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A server on accounts.conf; its passwords are in the environment it inherits."""
-    shutil.copy(DEPLOY / "nats" / "accounts.conf", tmp_path / "accounts.conf")
-    (tmp_path / "server.conf").write_text("include ./accounts.conf\n")
-    for name, value in _env_for((DEPLOY / "nats" / "accounts.conf").read_text()).items():
-        monkeypatch.setenv(name, value)
-    with EmbeddedNats(tmp_path / "data", config=tmp_path / "server.conf") as server:
-        yield server.url
+async def store(secured_nats: str) -> AsyncIterator[Store]:
+    store = Store(secured_nats, Layout())
+    try:
+        admin, _ = await store.connect(ADMIN_USER)
+        await ensure_all(admin.jetstream(), store.layout)
+        cp, _ = await store.connect(CONTROLPLANE_USER)
+        await cp.jetstream().publish(store.layout.aggregate_subject(WEB), b"{}")
+        store.read_service, _ = await store.connect(PROJECTIONS_USER)
+        await ReadService(store.read_service, store.layout, load_policy(POLICY)).listen()
+        yield store
+    finally:
+        await asyncio.gather(*(nc.close() for nc in store.opened))
 
 
-async def test_accounts_permissions_per_role(secured_nats: str) -> None:
-    url, layout, short = secured_nats, Layout(), 1.0
+async def test_admin_creates_streams_and_writes_nothing(store: Store) -> None:
+    admin, refusals = await store.connect(ADMIN_USER)
+    await ensure_all(admin.jetstream(), store.layout)  # all there: looked up, left alone
+    subject = store.layout.aggregate_subject(WEB)
+    await _refused(refusals, subject,
+                   lambda: admin.jetstream().publish(subject, b"", timeout=SHORT))
 
-    # control plane: creates everything, writes events and node commands, not commands
-    cp, cp_refusals = await _connect(url, "controlplane")
+
+async def test_controlplane_appends_dispatches_and_decides(store: Store) -> None:
+    layout = store.layout
+    cp, refusals = await store.connect(CONTROLPLANE_USER)
     js = cp.jetstream()
-    await ensure_all(js, layout)
-    await js.publish(layout.aggregate_subject("vm.default.a"), b"{}")
-    await js.publish(layout.node_subject("n1", "launch"), b"n1")
-    await (await js.key_value(layout.outcomes_bucket)).put("c1", b"accepted")
-    subject = layout.command_subject("cp", "vm", "start")
-    await _refused(cp_refusals, subject, lambda: js.publish(subject, b"", timeout=short))
+    assert (await js.publish(layout.aggregate_subject(OTHER), b"{}")).stream \
+        == layout.events_stream
+    assert (await js.publish(layout.node_subject("n1", "launch"), b"n1")).stream \
+        == layout.node_stream
+    await (await js.key_value(layout.outcomes_bucket)).put("operator.c1", b"accepted")
+    for subject in (layout.command_subject("operator", "vm", "start"),
+                    layout.report_subject("n1", "vmi")):
+        await _refused(refusals, subject, partial(js.publish, subject, b"", timeout=SHORT))
 
-    # client: commands and queries in, events and outcomes out, nothing else
-    client, client_refusals = await _connect(url, "client")
-    cjs = client.jetstream(timeout=2)
-    await cjs.publish(layout.command_subject("alice", "vm", "start"), b"{}")
-    outcomes = await cjs.key_value(layout.outcomes_bucket)
-    entry = await outcomes.get("c1")
-    assert entry.value == b"accepted"
-    watcher = await outcomes.watch("c1")
-    update = await watcher.updates(timeout=5)
-    assert update is not None and update.value == b"accepted"
-    await watcher.stop()
-    follow = await cjs.subscribe(layout.events_filter(), ordered_consumer=True)
-    assert (await follow.next_msg(timeout=5)).subject == "virtbus.ev.vm.default.a"
+
+async def test_controlplane_cannot_shrink_the_log(store: Store) -> None:
+    """Issue 8, finding 7: an update to `max_msgs: 5` dropped the events; stream updates are
+    the admin's alone, and the events stay."""
+    layout = store.layout
+    cp, refusals = await store.connect(CONTROLPLANE_USER)
+    js = cp.jetstream(timeout=SHORT)
+    for i in range(7):
+        await js.publish(layout.aggregate_subject(f"vm.default.n{i}"), b"{}")
+    before = await store.stored(cp)
+    assert before[layout.events_stream] == 8
+    shrunk = dataclasses.replace((await js.stream_info(layout.events_stream)).config,
+                                 max_msgs=5)
+    await _refused(refusals, f"$JS.API.STREAM.UPDATE.{layout.events_stream}",
+                   partial(js.update_stream, shrunk))
+    assert await store.stored(cp) == before
+
+
+async def _arrives(arrival: Subscription, outcomes: KeyValue, key: str) -> bytes:
+    """The control plane's put of `key` reaches `arrival` (through the stream import, whose
+    interest may follow the subscription by a moment)."""
+    await outcomes.put(key, b"accepted")
+    return bytes((await arrival.next_msg(timeout=SHORT)).data)
+
+
+async def test_a_person_commands_and_reads_under_its_own_name(store: Store) -> None:
+    """`operator` (cluster-admin) reads the log itself; `alice` (one namespace) only through
+    the read service. Each commands and reads outcomes under its own name only."""
+    layout = store.layout
+    cp, _ = await store.connect(CONTROLPLANE_USER)
+    outcomes = await cp.jetstream().key_value(layout.outcomes_bucket)
+    for person in ("operator", "alice"):
+        nc, refusals = await store.connect(person)
+        js = nc.jetstream(timeout=2)
+        ack = await js.publish(layout.command_subject(person, "vm", "start"), b"{}")
+        assert ack.stream == layout.commands_stream
+        arrival = await nc.subscribe(f"$KV.{layout.outcomes_bucket}.{person}.c1")
+        decided = partial(_arrives, arrival, outcomes, f"{person}.c1")
+        assert await eventually(decided, timeout=10, what="the outcome's arrival") \
+            == b"accepted"
+        mine = await js.key_value(layout.outcomes_bucket)
+        assert (await mine.get(f"{person}.c1")).value == b"accepted"
+        answer = await ask(nc, layout, Query(kind="VirtualMachine"), person)
+        assert answer.error == ""
+
+        forged = layout.command_subject("bob", "vm", "stop")
+        await _refused(refusals, forged, partial(js.publish, forged, b"", timeout=SHORT))
+        event = layout.aggregate_subject(OTHER)
+        await _refused(refusals, event, partial(js.publish, event, b"", timeout=SHORT))
+        await _refused(refusals, f"$KV.{layout.outcomes_bucket}.{person}.c1",
+                       partial(mine.put, f"{person}.c1", b"forged"))
+
+    operator, _ = await store.connect("operator")
+    [stored] = await read_all(operator, layout.events_stream, layout.aggregate_subject(WEB))
+    assert stored.data == b"{}"
+    follow = await operator.jetstream().subscribe(layout.events_filter(), ordered_consumer=True)
+    assert (await follow.next_msg(timeout=5)).subject == layout.aggregate_subject(WEB)
     await follow.unsubscribe()
-    subject = layout.aggregate_subject("vm.default.b")
-    await _refused(client_refusals, subject, lambda: cjs.publish(subject, b"", timeout=short))
-    await _refused(client_refusals, "$KV.VIRTBUS_OUTCOMES.c1",
-                   lambda: outcomes.put("c1", b"forged"))
 
-    # node agent n1: its own commands, reports and heartbeat only
-    n1, n1_refusals = await _connect(url, "node-n1")
-    njs = n1.jetstream(timeout=2)
-    queue = await njs.pull_subscribe(layout.node_filter("n1"), durable="agent-n1",
-                                     stream=layout.node_stream)
+    alice, refusals = await store.connect("alice")
+    await _refused(refusals, f"$JS.API.DIRECT.GET.{layout.events_stream}",
+                   partial(alice.jetstream(timeout=SHORT).get_msg, layout.events_stream,
+                           seq=1, direct=True))
+
+
+async def test_a_node_agent_takes_its_own_work_only(store: Store) -> None:
+    layout = store.layout
+    cp, _ = await store.connect(CONTROLPLANE_USER)
+    await cp.jetstream().publish(layout.node_subject("n1", "launch"), b"n1")
+    n1, refusals = await store.connect("node-n1")
+    js = n1.jetstream(timeout=2)
+    consumer = work_consumer("n1")
+    await js.add_consumer(layout.node_stream, ConsumerConfig(
+        name=consumer, durable_name=consumer, filter_subject=layout.node_filter("n1"),
+        ack_policy=AckPolicy.EXPLICIT))
+    queue = await js.pull_subscribe_bind(durable=consumer, stream=layout.node_stream)
     [msg] = await queue.fetch(1, timeout=5)
     assert msg.data == b"n1"
-    await msg.ack()
-    await njs.publish(layout.report_subject("n1", "vmi"), b"{}")
-    heartbeats = await njs.key_value(layout.heartbeats_bucket)
+    await msg.ack_sync()
+    assert (await js.consumer_info(layout.node_stream, consumer)).num_ack_pending == 0
+    assert (await js.publish(layout.report_subject("n1", "vmi"), b"{}")).stream \
+        == layout.reports_stream
+    heartbeats = await js.key_value(layout.heartbeats_bucket)
     await heartbeats.put("n1", b"alive")
-    await _refused(n1_refusals, "$KV.VIRTBUS_HEARTBEATS.n2", lambda: heartbeats.put("n2", b"x"))
+    applied = await js.key_value(layout.applied_bucket)
+    await applied.put("n1.work.e1", b"done")
+    assert (await applied.get("n1.work.e1")).value == b"done"
+    answer = await ask(n1, layout, Query(kind="VirtualMachineInstance"), node_actor("n1"))
+    assert answer.error == ""
+    await js.stream_info(layout.events_stream)  # its head: where its first query must reach
+
+    await _refused(refusals, f"$KV.{layout.heartbeats_bucket}.n2",
+                   partial(heartbeats.put, "n2", b"x"))
+    await _refused(refusals, f"$KV.{layout.applied_bucket}.n2.work.e1",
+                   partial(applied.put, "n2.work.e1", b"x"))
     subject = layout.report_subject("n2", "vmi")
-    await _refused(n1_refusals, subject, lambda: njs.publish(subject, b"", timeout=short))
+    await _refused(refusals, subject, partial(js.publish, subject, b"", timeout=SHORT))
     for name, node in (("agent-n2", "n2"), ("agent-n1", "n2")):
         config = ConsumerConfig(name=name, durable_name=name,
                                 filter_subject=layout.node_filter(node))
-        subject = f"$JS.API.CONSUMER.CREATE.VIRTBUS_NODE.{name}.{layout.node_filter(node)}"
-        await _refused(n1_refusals, subject,
-                       partial(njs.add_consumer, layout.node_stream, config, timeout=short))
-    await _refused(n1_refusals, "$JS.API.CONSUMER.MSG.NEXT.VIRTBUS_NODE.agent-n2",
-                   lambda: n1.request("$JS.API.CONSUMER.MSG.NEXT.VIRTBUS_NODE.agent-n2",
-                                      b"1", timeout=short))
+        subject = f"$JS.API.CONSUMER.CREATE.{layout.node_stream}.{name}.{layout.node_filter(node)}"
+        await _refused(refusals, subject,
+                       partial(js.add_consumer, layout.node_stream, config, timeout=SHORT))
+    subject = f"$JS.API.CONSUMER.MSG.NEXT.{layout.node_stream}.agent-n2"
+    await _refused(refusals, subject, partial(n1.request, subject, b"1", timeout=SHORT))
+    await _refused(refusals, f"$JS.API.DIRECT.GET.{layout.events_stream}",
+                   partial(n1.jetstream(timeout=SHORT).get_msg, layout.events_stream,
+                           seq=1, direct=True))
+    subject = query_subject(layout, node_actor("n2"))
+    await _refused(refusals, subject, partial(n1.request, subject, b"", timeout=SHORT))
 
-    # projections answer queries; the client's request reaches them
-    proj, _ = await _connect(url, "projections")
 
-    async def answer(request: Any) -> None:
-        await request.respond(b"answer")
+async def test_the_operator_drives_a_simulated_host(store: Store) -> None:
+    """Simulation requests go from a person to a node agent within USERS."""
+    layout = store.layout
+    n1, _ = await store.connect("node-n1")
 
-    await proj.subscribe(f"{layout.query_root}.>", queue="projections", cb=answer)
-    await (await proj.jetstream().key_value(layout.checkpoints_bucket)).put("p", b"1")
-    reply = await client.request(f"{layout.query_root}.vms", b"", timeout=5)
-    assert reply.data == b"answer"
+    async def answer(request: Msg) -> None:
+        await request.respond(b"domains")
 
-    await asyncio.gather(*(nc.close() for nc in (cp, client, n1, proj)))
+    await n1.subscribe(layout.agent_subject("n1", "sim"), cb=answer)
+    await n1.flush()
+    operator, _ = await store.connect("operator")
+    reply = await operator.request(layout.agent_subject("n1", "sim"), b"", timeout=5)
+    assert reply.data == b"domains"
+    alice, refusals = await store.connect("alice")
+    subject = layout.agent_subject("n1", "sim")
+    await _refused(refusals, subject, partial(alice.request, subject, b"", timeout=SHORT))
+
+
+async def test_no_answer_aimed_at_a_stream_lands_in_it(store: Store) -> None:
+    """Issue 8, finding 1: NATS checks no reply subject, and within one account an answer
+    goes wherever the requester said, so a JetStream API, Direct Get or read-service answer
+    aimed at an event subject was stored as an event. Under the shipped config people and
+    node agents are in USERS and every answer to them comes back there: no stream changes,
+    whether the answer is aimed at the log, another person's commands, another node's
+    reports or heartbeat."""
+    layout = store.layout
+    cp, _ = await store.connect(CONTROLPLANE_USER)
+    n1, _ = await store.connect("node-n1")
+    await (await n1.jetstream().key_value(layout.heartbeats_bucket)).put("n1", b"alive")
+    before = await store.stored(cp)
+    targets = [layout.aggregate_subject(WEB), layout.command_subject("bob", "vm", "stop"),
+               layout.report_subject("n2", "vmi"), f"$KV.{layout.heartbeats_bucket}.n2"]
+    query = msgspec.msgpack.encode(Query(kind="VirtualMachine"))
+    asks = {
+        "operator": [(query_subject(layout, "operator"), query),
+                     (f"$JS.API.STREAM.INFO.{layout.events_stream}", b""),
+                     (f"$JS.API.DIRECT.GET.{layout.events_stream}", b'{"seq": 1}')],
+        "node-n1": [(query_subject(layout, node_actor("n1")), query),
+                    (f"$JS.API.STREAM.INFO.{layout.events_stream}", b""),
+                    (f"$JS.API.DIRECT.GET.KV_{layout.applied_bucket}.$KV."
+                     f"{layout.applied_bucket}.n1.work.e1", b"")],
+    }
+    for user, requests in asks.items():
+        nc, refusals = await store.connect(user)
+        for subject, body in requests:
+            for target in targets:
+                await nc.publish(subject, body, reply=target)
+        # One connection, in order: the last answer came back after every one aimed above.
+        await nc.request(f"$JS.API.STREAM.INFO.{layout.events_stream}", b"", timeout=5)
+        assert refusals == []
+    assert store.read_service is not None
+    await store.read_service.flush()  # the read service's answers, sent
+    assert await store.stored(cp) == before
 
 
 def test_inbox_prefix_is_the_users_own() -> None:
@@ -250,33 +382,11 @@ def test_inbox_prefix_is_the_users_own() -> None:
 
 async def test_no_role_reads_another_roles_replies(secured_nats: str) -> None:
     n1, refusals = await _connect(secured_nats, "node-n1")
-    await n1.subscribe("_INBOX.controlplane.>")
-    expected = 'permissions violation for subscription to "_inbox.controlplane.>"'
+    await n1.subscribe("_INBOX.operator.>")
+    expected = 'permissions violation for subscription to "_inbox.operator.>"'
 
     async def refused() -> bool:
         return any(expected in r.lower() for r in refusals)
 
     await eventually(refused, timeout=10, what="the server's refusal")
     await n1.close()
-
-
-async def test_node_agent_asks_the_read_api_which_vmis_are_its_own(secured_nats: str) -> None:
-    """At start an agent reads the events stream's last sequence and queries at least up to
-    it; it still reads no events (a Direct Get on the events stream is refused)."""
-    layout = Layout()
-    cp, _ = await _connect(secured_nats, "controlplane")
-    await ensure_all(cp.jetstream(), layout)
-    proj, _ = await _connect(secured_nats, "projections")
-
-    async def answer(request: Any) -> None:
-        await request.respond(b"answer")
-
-    await proj.subscribe(query_subject(layout), queue="projections", cb=answer)
-    n1, n1_refusals = await _connect(secured_nats, "node-n1")
-    reply = await n1.request(query_subject(layout), b"", timeout=5)
-    assert reply.data == b"answer"
-    await n1.jetstream(timeout=2).stream_info(layout.events_stream)
-    subject = f"$JS.API.DIRECT.GET.{layout.events_stream}"
-    await _refused(n1_refusals, subject, partial(n1.jetstream(timeout=1.0).get_msg,
-                                                 layout.events_stream, seq=1, direct=True))
-    await asyncio.gather(cp.close(), proj.close(), n1.close())

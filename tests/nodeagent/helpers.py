@@ -31,8 +31,9 @@ class Cluster:
         self.nc, self.writer, self.layout, self.node = nc, writer, layout, node
         self.namespace = layout.prefix  # domain names stay unique on the shared test host
 
-    async def run(self, kind: str, verb: str, name: str, manifest: dict[str, Any]) -> Any:
-        command = Command(id=str(uuid.uuid4()), actor="user:test", kind=kind, verb=verb,
+    async def run(self, kind: str, verb: str, name: str, manifest: dict[str, Any],
+                  actor: str = "user:test") -> Any:
+        command = Command(id=str(uuid.uuid4()), actor=actor, kind=kind, verb=verb,
                           namespace=self.namespace, name=name, manifest=manifest)
         result = await self.writer.execute(command)
         assert result.outcome.accepted, result.outcome.reason

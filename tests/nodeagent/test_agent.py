@@ -23,7 +23,7 @@ import pytest
 from controlplane.controllers.hco import HCOController
 from events.api import hco_defaults
 from events.api.resources import KVM_DEVICE, TUN_DEVICE
-from events.messages import Command, DomainObservation, NodeCommand, SimRequest
+from events.messages import Command, DomainObservation, NodeCommand, SimRequest, node_actor
 from events.streams import ensure_all
 from events.subjects import Layout
 from nodeagent import lifecycle
@@ -51,7 +51,8 @@ async def test_restart_neither_loses_nor_duplicates_guests(
     lost = await cluster.placed("lost")
     observed = DomainObservation(namespace=lost.namespace, name=lost.name, uid=lost.uid,
                                  phase="Running")
-    await cluster.run("VirtualMachineInstance", "observe", "lost", msgspec.to_builtins(observed))
+    await cluster.run("VirtualMachineInstance", "observe", "lost", msgspec.to_builtins(observed),
+                      actor=node_actor(cluster.node))
     orphan = VMIRef(cluster.namespace, "orphan", str(uuid.uuid4()))
     reports = await cluster.nc.jetstream().pull_subscribe(
         cluster.layout.reports_filter, stream=cluster.layout.reports_stream)

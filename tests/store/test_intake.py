@@ -16,9 +16,8 @@ from controlplane.client import Client
 from controlplane.intake import CommandIntake
 from controlplane.writer import Writer
 from events.directget import read_all
-from events.messages import Command
+from events.messages import Command, outcome_key
 from events.streams import ensure_all
-from events.subjects import encode_token
 from tests.system.harness import topics_since, vm_manifest
 
 
@@ -114,7 +113,7 @@ async def test_an_outcome_gone_from_the_bucket_is_read_from_the_log(vb: Client) 
     [created] = await vb.apply(vm_manifest("web", "Halted"))
     [command_id] = await _command_ids(vb)
     kv = await vb.js.key_value(vb.layout.outcomes_bucket)
-    await kv.purge(encode_token(command_id))
+    await kv.purge(outcome_key(vb.actor, command_id))
     assert await vb.outcome(command_id, timeout=5) == created
 
 

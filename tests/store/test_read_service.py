@@ -24,7 +24,7 @@ async def test_a_query_waiting_for_the_log_does_not_hold_up_the_next(
     await ensure_all(nc.jetstream(), layout)
     stop = asyncio.Event()
     reads = asyncio.ensure_future(ReadService(nc, layout).run(stop))
-    subject = query_subject(layout)
+    subject = query_subject(layout, "user:test")
 
     async def ask(after: int, timeout: float) -> Answer:
         reply = await nc.request(subject, msgspec.msgpack.encode(Query(kind="Node", after=after)),
@@ -67,7 +67,7 @@ async def test_a_query_after_a_position_that_holds_no_event_is_answered(
             while True:  # until the read service listens
                 try:
                     reply = await nc.request(
-                        query_subject(layout),
+                        query_subject(layout, "user:test"),
                         msgspec.msgpack.encode(Query(kind="Node", after=guard.seq)),
                         timeout=READ_WAIT_SECONDS)
                     break

@@ -245,7 +245,8 @@ async def test_the_read_service_reads_past_a_stray_at_the_head_and_counts_it(
     task = asyncio.ensure_future(read.run(stop))
     try:
         await asyncio.wait_for(following.wait(), 30)
-        answer = await ask(log.nc, log.layout, Query(kind=METRICS_QUERY, after=bad[-1]))
+        answer = await ask(log.nc, log.layout, Query(kind=METRICS_QUERY, after=bad[-1]),
+                           "user:test")
         assert not answer.error, answer.error
         assert answer.sequence == bad[-1]
         [item] = answer.items

@@ -56,8 +56,14 @@ from controlplane.client import KIND_TOKENS, Client
 from controlplane.handling import marker_id
 from events.codec import event_id
 from events.directget import read_all, sequence
-from events.messages import COMMAND_KIND, Command, CommandAccepted, CommandRejected, Outcome
-from events.subjects import encode_token
+from events.messages import (
+    COMMAND_KIND,
+    Command,
+    CommandAccepted,
+    CommandRejected,
+    Outcome,
+    outcome_key,
+)
 from nodeagent.worklog import AppliedWork
 from projections.follower import read_event
 from tests.system.conftest import hco_settled
@@ -253,7 +259,8 @@ async def late_retry(vb: Client, command: Command, load: Load) -> Outcome:
     (the outcome it puts again)."""
     load.late_retries += 1
     arrival: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-    sub = await vb.nc.subscribe(f"$KV.{vb.layout.outcomes_bucket}.{encode_token(command.id)}",
+    sub = await vb.nc.subscribe(f"$KV.{vb.layout.outcomes_bucket}."
+                                f"{outcome_key(command.actor, command.id)}",
                                 future=arrival, max_msgs=1)
     try:
         subject = vb.layout.command_subject(
