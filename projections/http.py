@@ -9,17 +9,18 @@
 | `/metrics`                                                       | Prometheus text     |
 | `/healthz`                                                       | `ok`                |
 
-Read-only, GET only; a miss is a Kubernetes `Status` object with code 404.
+Read-only, GET only; a miss is a Kubernetes `Status` object with code 404. aiohttp serves
+it (the maintained asyncio HTTP server); `respond` is the whole API, a pure function.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
 
 import structlog
+from aiohttp import web
 
 from events.query import Query
 from projections.cluster import ClusterState
@@ -33,7 +34,6 @@ ProcessMetrics = Callable[[], bytes]
 out of the log's metrics and appended only to what `/metrics` scrapes."""
 RESOURCES = {"virtualmachines": "VirtualMachine",
              "virtualmachineinstances": "VirtualMachineInstance", "nodes": "Node"}
-MAX_REQUEST_LINE = 8192
 
 
 def route(path: str) -> tuple[Query, bool] | None:
@@ -84,27 +84,23 @@ def _status(code: int, reason: str, message: str) -> tuple[int, str, bytes]:
 
 
 async def serve(state: ClusterState, render: Render, host: str, port: int,
-                process_metrics: ProcessMetrics = bytes) -> asyncio.Server:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            line = (await reader.readline())[:MAX_REQUEST_LINE].decode("latin-1").split()
-            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                pass  # headers: nothing here depends on them
-            if len(line) < 2:
-                return
-            method, path = line[0], line[1]
-            if method != "GET":
-                code, ctype, body = _status(405, "MethodNotAllowed", "the read API is read-only")
-            else:
-                code, ctype, body = respond(state, render, path, process_metrics)
-            head = (f"HTTP/1.1 {code} {'OK' if code == 200 else 'Error'}\r\n"
-                    f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                    "Connection: close\r\n\r\n")
-            writer.write(head.encode() + body)
-            await writer.drain()
-        finally:
-            writer.close()
+                process_metrics: ProcessMetrics = bytes) -> web.AppRunner:
+    """Serve until the returned runner is cleaned up (`await runner.cleanup()`). aiohttp does
+    the HTTP; every path is answered by `respond`, any method but GET is 405."""
 
-    server = await asyncio.start_server(handle, host, port)
+    async def get(request: web.Request) -> web.Response:
+        code, ctype, body = respond(state, render, request.path, process_metrics)
+        return web.Response(status=code, body=body, headers={"Content-Type": ctype})
+
+    async def refuse(_request: web.Request) -> web.Response:
+        code, ctype, body = _status(405, "MethodNotAllowed", "the read API is read-only")
+        return web.Response(status=code, body=body, headers={"Content-Type": ctype})
+
+    app = web.Application()
+    app.router.add_get("/{path:.*}", get, allow_head=False)
+    app.router.add_route("*", "/{path:.*}", refuse)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
     log.info("http read API listening", host=host, port=port)
-    return server
+    return runner

@@ -250,7 +250,7 @@ class ReadService:
                          stop=stop)
         finally:
             if server is not None:
-                server.close()
+                await server.cleanup()
             await sub.unsubscribe()
             for task in self.answering:
                 task.cancel()

@@ -213,3 +213,16 @@ async def test_the_policy_decides_each_verb_in_each_namespace(
             await nobody.close()
     finally:
         await asyncio.gather(alice.close(), bob.close())
+
+
+async def test_a_node_report_without_its_fields_is_refused_and_changes_nothing(
+        open_install: Installation) -> None:
+    """Finding 9: a `Node register` without `nodeName` used to raise an uncaught error, on
+    every restart; now it is a refusal naming the field."""
+    command = report_command(NodeReport(id=str(uuid.uuid4()), node="n1", kind="node",
+                                        info={"capacity": {"cpu": "8"}}))
+    assert command is not None
+    result = await open_install.writer.execute(command)
+    assert not result.outcome.accepted
+    assert "nodeName" in f"{result.outcome.field} {result.outcome.reason}", result.outcome
+    assert result.events == []

@@ -12,9 +12,10 @@ from controlplane.client import Client
 from tests.system.harness import System, eventually, vm_manifest, vmi_phase
 
 
-def fetch(port: int, path: str) -> tuple[int, Any]:
+def fetch(port: int, path: str, method: str = "GET") -> tuple[int, Any]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        with urllib.request.urlopen(request, timeout=10) as r:
             body = r.read()
             return r.status, json.loads(body) if r.headers["Content-Type"].startswith(
                 "application/json") else body.decode()
@@ -41,3 +42,5 @@ async def test_http_read_api(system: System, vb: Client) -> None:
     assert code == 200 and "# TYPE" in metrics
     code, unknown = await get("/apis/other")
     assert code == 404 and unknown["kind"] == "Status"
+    code, refused = await asyncio.to_thread(fetch, system.http_port, "/api/v1/nodes", "POST")
+    assert code == 405 and refused["reason"] == "MethodNotAllowed"
