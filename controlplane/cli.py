@@ -23,7 +23,7 @@ from nats.errors import NoRespondersError, NoServersError
 
 from controlplane.client import CLUSTER_SCOPED, Client, CommandRejected
 from controlplane.context import resolve
-from controlplane.up import TEST_DRIVER_URI, UpOptions, up
+from controlplane.defaults import TEST_DRIVER_URI
 from events.api.manifest import parse_documents
 from events.connect import (
     NATS_FAILURES,
@@ -473,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     configure(level="warning" if args.command not in ("up",) else None)
     if args.command == "up":
+        from controlplane.up import UpOptions, up  # noqa: PLC0415 (only `up` needs it)
+
         opts = UpOptions(data_dir=args.data_dir.resolve(), nodes=args.nodes,
                          nats_port=args.nats_port,
                          nats_url=args.nats_url or os.environ.get(NATS_URL_ENV, ""),

@@ -24,3 +24,6 @@ INTAKE_RETRY_SECONDS: Final = 1.0
 MAX_DELIVER: Final = 5
 """Deliveries of one command or report before it is dead-lettered."""
 COMMAND_AWAIT_TIMEOUT_SECONDS: Final = 30.0
+TEST_DRIVER_URI: Final = "test:///default"
+"""libvirt's simulated host, the agents' default; its agents keep it in
+`<data dir>/hosts/<node>.xml`."""

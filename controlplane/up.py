@@ -16,7 +16,7 @@ import msgspec
 import structlog
 
 from controlplane.context import Context, write_context
-from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS
+from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS, TEST_DRIVER_URI
 from controlplane.secured import OPERATOR_USER, Secured, secure
 from events.connect import Access
 from events.server import EmbeddedNats, free_port
@@ -26,8 +26,6 @@ from events.subjects import DEFAULT_PREFIX, Layout
 log = structlog.get_logger(__name__)
 
 RESTART_BACKOFF_SECONDS = 1.0
-TEST_DRIVER_URI = "test:///default"
-"""libvirt's simulated host; its agents keep it in `<data dir>/hosts/<node>.xml`."""
 
 
 class UpOptions(msgspec.Struct, frozen=True, kw_only=True):

@@ -20,11 +20,11 @@ memory is asked for as a `hugepages-<size>` resource instead of plain memory.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
-from kubernetes.utils import parse_quantity
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -63,12 +63,19 @@ class ClusterTuning(msgspec.Struct, frozen=True, kw_only=True):
 DEFAULT_TUNING = ClusterTuning()
 
 
-_parse_quantity: Callable[[Quantity], Decimal] = parse_quantity
+@functools.cache
+def _quantity_parser() -> Callable[[Quantity], Decimal]:
+    """kubernetes' parser, imported on first use: importing the kubernetes package takes a
+    quarter of a second, which a CLI call that parses no quantity should not pay."""
+    from kubernetes.utils import parse_quantity  # noqa: PLC0415
+
+    parse: Callable[[Quantity], Decimal] = parse_quantity
+    return parse
 
 
 def quantity(value: Quantity) -> Decimal:
     """A Kubernetes quantity as a number; raises ValueError when it is not one."""
-    return _parse_quantity(value)
+    return _quantity_parser()(value)
 
 
 class CPUTopology(NamedTuple):
