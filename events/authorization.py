@@ -38,6 +38,7 @@ from events.errors import InvalidSpec
 from events.messages import node_actor
 from events.policy import KUBEVIRT_GROUP, Policy, Request, load_policy
 from events.query import query_subject
+from events.streams import reads_direct
 from events.subjects import DNS1123_LABEL, Layout, encode_token
 
 ADMIN_USER: Final = "admin"
@@ -109,9 +110,12 @@ class _Api:
                 f"$JS.API.STREAM.MSG.GET.{stream}"]
 
     def kv_reads(self, bucket: str, keys: str = ">") -> list[str]:
-        """Reads of `keys`: Direct Get, whose subject names the key (`events.streams` makes
-        every bucket with `allow_direct`, so nats-py reads no other way)."""
-        return [f"$JS.API.DIRECT.GET.{self.kv(bucket)}.$KV.{bucket}.{keys}"]
+        """Reads of `keys`: Direct Get, whose subject names the key, on a bucket read so
+        (`events.streams.reads_direct`); else the stored-message get, which reads any key
+        (only roles that may read every key get it)."""
+        if reads_direct(self.layout, bucket):
+            return [f"$JS.API.DIRECT.GET.{self.kv(bucket)}.$KV.{bucket}.{keys}"]
+        return [f"$JS.API.STREAM.MSG.GET.{self.kv(bucket)}"]
 
     def consumers(self, stream: str, *, durable: bool = True, acks: bool = True) -> list[str]:
         """Create (plain, named, named+filter, legacy durable), info, delete, pull, acks and

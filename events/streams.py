@@ -167,17 +167,27 @@ async def ensure_all(js: JetStreamContext, layout: Layout, replicas: int = 1) ->
     for config in _stream_configs(layout, replicas):
         await ensure_stream(js, config)
     buckets = [
-        KeyValueConfig(bucket=layout.heartbeats_bucket, ttl=HEARTBEAT_TTL, replicas=replicas,
-                       direct=True),
-        KeyValueConfig(bucket=layout.leases_bucket, ttl=LEASE_TTL, replicas=replicas,
-                       direct=True),
-        KeyValueConfig(bucket=layout.checkpoints_bucket, replicas=replicas, direct=True),
+        KeyValueConfig(bucket=layout.heartbeats_bucket, ttl=HEARTBEAT_TTL, replicas=replicas),
+        KeyValueConfig(bucket=layout.leases_bucket, ttl=LEASE_TTL, replicas=replicas),
+        KeyValueConfig(bucket=layout.checkpoints_bucket, replicas=replicas),
         KeyValueConfig(bucket=layout.outcomes_bucket, ttl=COMMAND_RETENTION,
-                       replicas=replicas, direct=True),
-        KeyValueConfig(bucket=layout.applied_bucket, replicas=replicas, direct=True),
+                       replicas=replicas),
+        KeyValueConfig(bucket=layout.applied_bucket, replicas=replicas),
     ]
     for bucket in buckets:
+        bucket.direct = reads_direct(layout, bucket.bucket)
         await ensure_bucket(js, bucket)
+
+
+def reads_direct(layout: Layout, bucket: str) -> bool:
+    """Whether a bucket is read by Direct Get. Those read per key by users whose NATS
+    permissions name their own keys (outcomes, the node work log, a node's own heartbeat)
+    must be: Direct Get names the key in its subject, the stored-message get nats-py uses
+    otherwise names it in the body, where no permission sees it. The lease and the
+    checkpoints are not: on a cluster any replica answers a Direct Get, a lagging one too,
+    and the lease's compare-and-set and the dispatcher's restart position want the
+    stream leader's answer."""
+    return bucket not in (layout.leases_bucket, layout.checkpoints_bucket)
 
 
 async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> None:
