@@ -24,7 +24,9 @@ from nats.errors import NoRespondersError, NoServersError
 from controlplane.client import CLUSTER_SCOPED, Client, CommandRejected
 from controlplane.context import resolve
 from controlplane.defaults import TEST_DRIVER_URI
+from controlplane.node_commands import TaintKey
 from events.api.manifest import parse_documents
+from events.api.scheduling import TAINT_EFFECTS, Taint
 from events.connect import (
     NATS_FAILURES,
     NATS_URL_ENV,
@@ -81,7 +83,8 @@ def _row(kind: str, obj: dict[str, Any]) -> list[str]:
             return [meta["name"], age]
         case _:
             ready = status.get("conditions", [{}])[0].get("status") == "True"
-            return [meta["name"], "Ready" if ready else "NotReady", age]
+            cordoned = ",SchedulingDisabled" if obj.get("spec", {}).get("unschedulable") else ""
+            return [meta["name"], ("Ready" if ready else "NotReady") + cordoned, age]
 
 
 HEADERS = {
@@ -240,6 +243,65 @@ async def cmd_annotate(args: argparse.Namespace, vb: Client) -> int:
     await vb.patch(kind, args.namespace, args.name, {"metadata": {"annotations": changes}})
     print(f"{kind.lower()}/{args.name} annotated")
     return 0
+
+
+def _node_name(args: argparse.Namespace) -> str:
+    if resolve_kind(args.kind) != "Node":
+        raise InvalidSpec("kind", f"{args.command} works on nodes only")
+    return str(args.name)
+
+
+async def cmd_label(args: argparse.Namespace, vb: Client) -> int:
+    """kubectl label node N k=v k2- [--overwrite]."""
+    name = _node_name(args)
+    labels: dict[str, str] = {}
+    remove: list[str] = []
+    for item in args.labels:
+        key, sep, value = item.partition("=")
+        if sep:
+            labels[key] = value
+        elif key.endswith("-"):
+            remove.append(key[:-1])
+        else:
+            raise InvalidSpec(item, "at least one label update is required: key=value or key-")
+    outcome = await vb.label_node(name, labels, remove, overwrite=args.overwrite)
+    done = "labeled" if labels else "unlabeled"
+    print(f"node/{name} {done if outcome.sequences else 'not labeled'}")
+    return 0
+
+
+def _taint(item: str) -> tuple[Taint | None, TaintKey | None]:
+    """kubectl's taint spec: `key[=value]:Effect` adds, `key[:Effect]-` removes."""
+    removal = item.endswith("-")
+    key_value, sep, effect = (item[:-1] if removal else item).partition(":")
+    key, _, value = key_value.partition("=")
+    if not key or ((sep or not removal) and effect not in TAINT_EFFECTS):
+        raise InvalidSpec(item, "invalid taint spec: key[=value]:Effect with Effect one of "
+                                + ", ".join(TAINT_EFFECTS) + ", or key[:Effect]- to remove")
+    if removal:
+        return None, msgspec.convert({"key": key, "effect": effect or None}, TaintKey)
+    return msgspec.convert({"key": key, "value": value, "effect": effect}, Taint), None
+
+
+async def cmd_taint(args: argparse.Namespace, vb: Client) -> int:
+    """kubectl taint node N k=v:Effect k2- [--overwrite]."""
+    name = _node_name(args)
+    parsed = [_taint(item) for item in args.taints]
+    add = [t for t, _ in parsed if t is not None]
+    remove = [k for _, k in parsed if k is not None]
+    await vb.taint_node(name, add, remove, overwrite=args.overwrite)
+    done = ("modified" if args.overwrite else "tainted") if add else "untainted"
+    print(f"node/{name} {done}")
+    return 0
+
+
+def _cordon(verb: str) -> Handler:
+    async def handler(args: argparse.Namespace, vb: Client) -> int:
+        outcome = await vb.act("Node", verb, "", args.name)
+        print(f"node/{args.name} {'' if outcome.sequences else 'already '}{verb}ed")
+        return 0
+
+    return handler
 
 
 async def dead_letters(vb: Client) -> list[dict[str, Any]]:
@@ -440,6 +502,27 @@ def _cluster_configuration(sub: Subparsers) -> None:
     a.add_argument("--overwrite", action="store_true")
     ns(a)
     a.set_defaults(run=cmd_annotate)
+
+    lb = sub.add_parser("label", help="set (key=value) or remove (key-) a node's labels")
+    lb.add_argument("kind", help="node")
+    lb.add_argument("name")
+    lb.add_argument("labels", nargs="+")
+    lb.add_argument("--overwrite", action="store_true")
+    lb.set_defaults(run=cmd_label)
+
+    tn = sub.add_parser("taint", help="add (key=value:Effect) or remove (key[:Effect]-) a "
+                                      "node's taints")
+    tn.add_argument("kind", help="node")
+    tn.add_argument("name")
+    tn.add_argument("taints", nargs="+")
+    tn.add_argument("--overwrite", action="store_true")
+    tn.set_defaults(run=cmd_taint)
+
+    for verb, help_text in (("cordon", "mark a node unschedulable"),
+                            ("uncordon", "mark a node schedulable")):
+        c = sub.add_parser(verb, help=help_text)
+        c.add_argument("name")
+        c.set_defaults(run=_cordon(verb))
 
     sub.add_parser("metrics", help="the Prometheus exposition, from the log").set_defaults(
         run=cmd_metrics)

@@ -25,8 +25,10 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from controlplane.defaults import COMMAND_AWAIT_TIMEOUT_SECONDS
+from controlplane.node_commands import LabelBody, TaintBody, TaintKey
 from events.api.hco_defaults import KIND as HCO_API_KIND
 from events.api.manifest import decode_object
+from events.api.scheduling import Taint
 from events.codec import Event
 from events.connect import Access, connect, url_user
 from events.directget import last_on, read_all, sequence
@@ -255,6 +257,19 @@ class Client:
     async def act(self, kind: str, verb: str, namespace: str, name: str,
                   **fields: Any) -> Outcome:
         return await self.run(self.command(kind, verb, namespace, name, **fields))
+
+    async def label_node(self, name: str, labels: dict[str, str], remove: list[str],
+                         *, overwrite: bool = False) -> Outcome:
+        """kubectl label node: set `labels` (replacing others' values only with
+        `overwrite`), remove the keys in `remove`; no events when nothing changes."""
+        body = LabelBody(labels=labels, remove=remove, overwrite=overwrite)
+        return await self.act("Node", "label", "", name, manifest=msgspec.to_builtins(body))
+
+    async def taint_node(self, name: str, add: list[Taint], remove: list[TaintKey],
+                         *, overwrite: bool = False) -> Outcome:
+        """kubectl taint node: add taints (one per key and effect), remove by key[:effect]."""
+        body = TaintBody(add=add, remove=remove, overwrite=overwrite)
+        return await self.act("Node", "taint", "", name, manifest=msgspec.to_builtins(body))
 
     async def patch(self, kind: str, namespace: str, name: str,
                     patch: list[dict[str, Any]] | dict[str, Any]) -> Outcome:

@@ -27,3 +27,13 @@ COMMAND_AWAIT_TIMEOUT_SECONDS: Final = 30.0
 TEST_DRIVER_URI: Final = "test:///default"
 """libvirt's simulated host, the agents' default; its agents keep it in
 `<data dir>/hosts/<node>.xml`."""
+SCHEDULER_TIE_BREAK_SEED: Final = 0
+"""Seeds the scheduler's tie-break among equally scored nodes (kube-scheduler picks one at
+random): the same log and seed give the same placements."""
+SCORE_WEIGHT_TAINT_TOLERATION: Final = 3
+SCORE_WEIGHT_NODE_AFFINITY: Final = 2
+SCORE_WEIGHT_INTER_POD_AFFINITY: Final = 2
+SCORE_WEIGHT_NODE_RESOURCES_FIT: Final = 1
+"""kube-scheduler's default profile weights of its scoring plugins."""
+MAX_NODE_SCORE: Final = 100
+"""framework.MaxNodeScore: each plugin's scores are normalized to 0..100."""

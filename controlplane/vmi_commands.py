@@ -32,6 +32,7 @@ from events.vm import (
     VirtualMachineInstancePhaseChanged,
     VirtualMachineInstanceScheduled,
     VirtualMachineInstanceUnpaused,
+    VirtualMachineInstanceUnschedulable,
 )
 from projections.views import TERMINAL_PHASES, VirtualMachineInstanceView, VirtualMachineView
 
@@ -44,6 +45,12 @@ class ScheduleBody(msgspec.Struct, frozen=True, kw_only=True):
     """The scheduler's `schedule`: the node it chose."""
 
     node: str
+
+
+class UnschedulableBody(msgspec.Struct, frozen=True, kw_only=True):
+    """The scheduler's `unschedulable`: why no node fits, in kube-scheduler's words."""
+
+    message: str
 
 
 class FailBody(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,6 +115,18 @@ def schedule(d: Decision) -> None:
     if vmi.state.node or vmi.state.phase != "Pending" or vmi.state.deletion_requested_at:
         raise Rejected("already scheduled or going away")
     d.trigger(vmi, VirtualMachineInstanceScheduled, node=node)
+
+
+@handles(KIND, "unschedulable", internal=True)
+def unschedulable(d: Decision) -> None:
+    """The scheduler found no node: the condition changes only when its message does."""
+    vmi = existing_vmi(d)
+    message = d.body(UnschedulableBody).message
+    state = vmi.state
+    if state.node or state.phase != "Pending" or state.deletion_requested_at:
+        raise Rejected("already scheduled or going away")
+    if message != state.unschedulable_message:
+        d.trigger(vmi, VirtualMachineInstanceUnschedulable, message=message)
 
 
 @handles(KIND, "fail", internal=True)

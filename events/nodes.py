@@ -1,10 +1,16 @@
-"""Events of Nodes. Heartbeats are not events; Ready / NotReady transitions are."""
+"""Events of Nodes. Heartbeats are not events; Ready / NotReady transitions are.
+
+What the agent reports (`NodeInfo`, with its discovery labels) and what an operator sets
+(labels, taints, cordon) are separate facts: a node registering again replaces the first,
+never the second.
+"""
 
 from __future__ import annotations
 
 from typing import Final
 
 from events.api.node import NodeInfo
+from events.api.scheduling import Taint
 from events.codec import Event, event_type
 
 NODE_KIND: Final = "node"
@@ -28,3 +34,27 @@ class NodeReady(Event, frozen=True, kw_only=True):
 @event_type("NodeNotReady")
 class NodeNotReady(Event, frozen=True, kw_only=True):
     reason: str
+
+
+@event_type("NodeLabelsChanged")
+class NodeLabelsChanged(Event, frozen=True, kw_only=True):
+    """`label node`: the labels the operator has set on the node, all of them, after it."""
+
+    labels: dict[str, str]
+
+
+@event_type("NodeTaintsChanged")
+class NodeTaintsChanged(Event, frozen=True, kw_only=True):
+    """`taint node`: the node's taints, all of them, after it."""
+
+    taints: list[Taint]
+
+
+@event_type("NodeCordoned")
+class NodeCordoned(Event, frozen=True, kw_only=True):
+    """`cordon`: no new VMI is placed on the node (spec.unschedulable)."""
+
+
+@event_type("NodeUncordoned")
+class NodeUncordoned(Event, frozen=True, kw_only=True):
+    pass

@@ -171,7 +171,11 @@ _ACTIONS: Final = {"start": "virtualmachines/start", "stop": "virtualmachines/st
                    "soft-reboot": "virtualmachineinstances/softreboot"}
 """virtctl's verbs: updates of KubeVirt's subresources."""
 
-_OBJECT_VERBS: Final = {"apply": "patch", "create": "create", "delete": "delete"}
+_OBJECT_VERBS: Final = {"apply": "patch", "create": "create", "delete": "delete",
+                        "label": "patch", "taint": "patch", "cordon": "patch",
+                        "uncordon": "patch"}
+"""kubectl's requests: `apply` (server side), `label`, `taint`, `cordon` and `uncordon` are
+each a `patch` of the object."""
 
 
 def resource_of(kind: str) -> tuple[str, str]:

@@ -98,6 +98,14 @@ class VirtualMachineInstanceScheduled(Event, frozen=True, kw_only=True):
     node: str
 
 
+@event_type("VirtualMachineInstanceUnschedulable")
+class VirtualMachineInstanceUnschedulable(Event, frozen=True, kw_only=True):
+    """No node fits the Pending VMI: its PodScheduled condition is False (Unschedulable)
+    with kube-scheduler's `message`. Appended only when the message changes."""
+
+    message: str
+
+
 @event_type("VirtualMachineInstancePhaseChanged")
 class VirtualMachineInstancePhaseChanged(Event, frozen=True, kw_only=True):
     phase: Phase

@@ -128,6 +128,8 @@ def printable_status(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | N
     if vmi.deletion_requested_at is not None:
         return "Stopping" if vm.exists else "Terminating"
     match vmi.phase:
+        case "Pending" if vmi.unschedulable_message:
+            return "ErrorUnschedulable"
         case "Pending" | "Scheduling":
             return "Provisioning" if not vmi.node else "Starting"
         case "Scheduled":
@@ -149,6 +151,15 @@ def paused_condition(vmi: VirtualMachineInstanceView | None) -> list[dict[str, A
     return [{"type": "Paused", "status": "True", "reason": vmi.paused_reason,
              "message": PAUSED_MESSAGES.get(vmi.paused_reason, ""), "lastProbeTime": None,
              "lastTransitionTime": iso(vmi.paused_at)}]
+
+
+def pod_scheduled_condition(vmi: VirtualMachineInstanceView) -> list[dict[str, Any]]:
+    """KubeVirt's copy of its launcher pod's `PodScheduled` condition, while no node fits."""
+    if not vmi.unschedulable_message:
+        return []
+    return [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": vmi.unschedulable_message, "lastProbeTime": None,
+             "lastTransitionTime": iso(vmi.unschedulable_at)}]
 
 
 def render_vm(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) -> dict[str, Any]:
@@ -198,7 +209,7 @@ def render_vmi(vmi: VirtualMachineInstanceView) -> dict[str, Any]:
             "type": "Ready",
             "status": "True" if vmi.phase == "Running" else "False",
             "lastTransitionTime": iso(vmi.updated_at),
-        }, *paused_condition(vmi)],
+        }, *paused_condition(vmi), *pod_scheduled_condition(vmi)],
     }
     if vmi.node:
         status["nodeName"] = vmi.node
@@ -228,7 +239,6 @@ def render_node(node: NodeView, usage: dict[str, int]) -> dict[str, Any]:
             "vmis": str(usage["vmis"]),
         },
     }
-    labels: dict[str, str] = {}
     if info is not None:
         status["capacity"] = dict(info.capacity)
         status["allocatable"] = dict(info.allocatable)
@@ -237,11 +247,16 @@ def render_node(node: NodeView, usage: dict[str, int]) -> dict[str, Any]:
             "domainType": info.domain_type, "libvirtVersion": info.libvirt_version,
             "hostname": info.hostname,
         }
-        labels = dict(info.labels)
+    spec: dict[str, Any] = {}
+    if node.unschedulable:
+        spec["unschedulable"] = True
+    if taints := node.all_taints:
+        spec["taints"] = msgspec.to_builtins(taints)
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": node.name, "labels": labels,
+        "spec": spec,
+        "metadata": {"name": node.name, "labels": node.all_labels,
                      "resourceVersion": str(node.last_sequence),
                      "creationTimestamp": iso(node.created_at)},
         "status": status,

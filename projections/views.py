@@ -21,9 +21,27 @@ import structlog
 
 from events.api.base import ObjectMeta
 from events.api.node import NodeInfo
+from events.api.scheduling import (
+    LABEL_ARCH,
+    LABEL_HOSTNAME,
+    LABEL_OS,
+    TAINT_NOT_READY,
+    TAINT_UNREACHABLE,
+    TAINT_UNSCHEDULABLE,
+    Taint,
+)
 from events.api.vm import VirtualMachineInstanceSpec, VirtualMachineSpec
 from events.codec import Event
-from events.nodes import NodeInfoChanged, NodeNotReady, NodeReady, NodeRegistered
+from events.nodes import (
+    NodeCordoned,
+    NodeInfoChanged,
+    NodeLabelsChanged,
+    NodeNotReady,
+    NodeReady,
+    NodeRegistered,
+    NodeTaintsChanged,
+    NodeUncordoned,
+)
 from events.subjects import split_aggregate_id
 from events.vm import (
     VirtualMachineCreated,
@@ -35,6 +53,7 @@ from events.vm import (
     VirtualMachineInstancePhaseChanged,
     VirtualMachineInstanceScheduled,
     VirtualMachineInstanceUnpaused,
+    VirtualMachineInstanceUnschedulable,
     VirtualMachineRestartRequested,
     VirtualMachineRunStrategyChanged,
     VirtualMachineStateChangeRequested,
@@ -159,6 +178,9 @@ class VirtualMachineInstanceView(View):
         self.paused_reason = ""
         """Why the guest is paused (the Paused condition's reason); '' when it is not."""
         self.paused_at: datetime | None = None
+        self.unschedulable_message = ""
+        """Why no node fits (kube-scheduler's message) while Pending; '' otherwise."""
+        self.unschedulable_at: datetime | None = None
 
     @property
     def active(self) -> bool:
@@ -177,9 +199,14 @@ class VirtualMachineInstanceView(View):
                 self.owner, self.restart_count, self.node, self.reason = owner, rc, "", ""
                 self.created_at, self.deletion_requested_at = event.timestamp, None
                 self.transitions, self.paused_reason, self.paused_at = [], "", None
+                self.unschedulable_message, self.unschedulable_at = "", None
                 self._phase("Pending", event.timestamp)
+            case VirtualMachineInstanceUnschedulable(message=message):
+                if not self.unschedulable_message:
+                    self.unschedulable_at = event.timestamp
+                self.unschedulable_message = message
             case VirtualMachineInstanceScheduled(node=node):
-                self.node = node
+                self.node, self.unschedulable_message, self.unschedulable_at = node, "", None
                 self._phase("Scheduled", event.timestamp)
             case VirtualMachineInstancePhaseChanged(phase=phase, reason=reason):
                 self.reason = reason
@@ -201,12 +228,19 @@ class VirtualMachineInstanceView(View):
 
 
 class NodeView(View):
+    """A node: what its agent reports (`info`, discovery labels included), what operators set
+    (`labels`, `taints`, `unschedulable`), and its readiness."""
+
     def __init__(self, aggregate_id: str) -> None:
         super().__init__(aggregate_id)
         self.info: NodeInfo | None = None
         self.ready = False
         self.reason = ""
         self.transition_at: datetime | None = None
+        self.labels: dict[str, str] = {}
+        """The operator's labels (`label node`); they outlive the agent registering again."""
+        self.taints: list[Taint] = []
+        self.unschedulable = False
 
     @property
     def name(self) -> str:
@@ -218,6 +252,29 @@ class NodeView(View):
         """Whether the host runs guests without KVM, which changes what a VMI holds on it."""
         return self.info is not None and self.info.domain_type != "kvm"
 
+    @property
+    def all_labels(self) -> dict[str, str]:
+        """The node's labels as Kubernetes shows them: the kubelet's well-known ones, the
+        agent's discovery, then the operator's (which win)."""
+        info = self.info
+        well_known = {LABEL_HOSTNAME: self.name, LABEL_OS: "linux"}
+        if info is None:
+            return {**well_known, **self.labels}
+        return {**well_known, LABEL_ARCH: _go_arch(info.architecture), **info.labels,
+                **self.labels}
+
+    @property
+    def all_taints(self) -> list[Taint]:
+        """The operator's taints and those Kubernetes derives from the node's conditions
+        (TaintNodesByCondition): not-ready or unreachable, and unschedulable when cordoned."""
+        derived: list[Taint] = []
+        if self.unschedulable:
+            derived.append(Taint(key=TAINT_UNSCHEDULABLE, effect="NoSchedule"))
+        if not self.ready:
+            key = TAINT_UNREACHABLE if self.reason == "NodeStatusUnknown" else TAINT_NOT_READY
+            derived += [Taint(key=key, effect="NoSchedule"), Taint(key=key, effect="NoExecute")]
+        return [*self.taints, *derived]
+
     def mutate(self, event: Event) -> None:
         match event:
             case NodeRegistered(info=info):
@@ -228,6 +285,22 @@ class NodeView(View):
                 self.ready, self.reason, self.transition_at = True, "", event.timestamp
             case NodeNotReady(reason=reason):
                 self.ready, self.reason, self.transition_at = False, reason, event.timestamp
+            case NodeLabelsChanged(labels=labels):
+                self.labels = labels
+            case NodeTaintsChanged(taints=taints):
+                self.taints = taints
+            case NodeCordoned():
+                self.unschedulable = True
+            case NodeUncordoned():
+                self.unschedulable = False
+
+
+_GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x"}
+
+
+def _go_arch(architecture: str) -> str:
+    """libvirt's architecture as Go (and so `kubernetes.io/arch`) names it."""
+    return _GO_ARCH.get(architecture, architecture)
 
 
 def iso(at: datetime | None) -> str:

@@ -36,3 +36,17 @@ def test_bench_commands_prints_figures() -> None:
     for key in ("per_s", "p50_ms", "p99_ms", "raw_publish_per_s", "raw_rtt_ms", "ratio"):
         assert isinstance(figures[key], int | float) and figures[key] > 0, (key, figures)
     assert (figures["commands"], figures["clients"]) == (30, 3)
+
+
+def test_bench_scheduling_prints_figures() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.scheduling", "--nodes", "10", "--placed", "20",
+         "--decisions", "50"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    for key in ("constrained_decision_us_p50", "plain_decision_us_p50", "raw_decode_us",
+                "ratio"):
+        assert isinstance(figures[key], int | float) and figures[key] > 0, (key, figures)
+    assert figures["constrained_placed"] == figures["plain_placed"] == 50

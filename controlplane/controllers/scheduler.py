@@ -1,87 +1,102 @@
-"""The scheduler: binds each Pending VMI to a Ready node with room.
+"""The scheduler controller: binds each Pending VMI to a node, or says why none fits.
 
-A VMI's ask follows the effective KubeVirt configuration (`cpuAllocationRatio`,
-`memoryOvercommit`, from the HyperConverged). A node fits when it is Ready, carries every
-`nodeSelector` label, and its allocatable
-memory, CPU and extended resources (kvm/tun devices, hugepages) cover what its active VMIs
-hold plus this VMI's ask. Among fitting nodes the least-loaded by memory wins (ties by
-name), which spreads VMIs as kube-scheduler's default scoring roughly does.
+The decision is `controlplane.scheduling.decide` (kube-scheduler's filters and scores, with
+KubeVirt's CPU node selectors and the HyperConverged's `workloads.nodePlacement`). A VMI no
+node fits gets `unschedulable` with kube-scheduler's message, only when the message changes,
+so a resync appends nothing new. It is decided again whenever something could make a node
+fit: a node's change (registration, labels, taints, cordon, readiness), a VMI that frees
+what it held, a change of the cluster configuration.
+
+Every pass decides on one `Snapshot`, counting each placement in before the next decision,
+so VMIs started together never over-commit a node.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+import msgspec
+import structlog
+
 from controlplane.controllers import derived_command
-from events.api.resources import ClusterTuning, VMIResources, quantity, vmi_resources
+from controlplane.defaults import SCHEDULER_TIE_BREAK_SEED
+from controlplane.scheduling import decide
+from controlplane.scheduling.facts import Snapshot, demand_of
+from events.api.hco import NodePlacement
 from events.codec import Event
 from events.messages import Command
 from events.nodes import NODE_KIND
 from events.subjects import split_aggregate_id
 from events.vm import VMI_KIND
 from projections.cluster import ClusterState
-from projections.hco import cluster_tuning
-from projections.views import NodeView, VirtualMachineInstanceView
+from projections.hco import HCO_VIEW_KINDS, cluster_tuning, effective_kubevirt
+from projections.views import VirtualMachineInstanceView
+
+log = structlog.get_logger(__name__)
 
 NAME = "scheduler"
+
+
+def workload_placement(state: ClusterState) -> NodePlacement | None:
+    """The effective KubeVirt's `workloads.nodePlacement` (from the HyperConverged's)."""
+    raw = ((effective_kubevirt(state) or {}).get("spec", {}).get("workloads") or {}).get(
+        "nodePlacement")
+    if raw is None:
+        return None
+    try:
+        return msgspec.convert(raw, NodePlacement)
+    except msgspec.ValidationError as e:  # HCO validated it; a log that says otherwise
+        log.warning("workloads.nodePlacement ignored: it does not decode", error=str(e))
+        return None
+
+
+def waiting(vmi: VirtualMachineInstanceView) -> bool:
+    return vmi.phase == "Pending" and not vmi.node and vmi.deletion_requested_at is None
 
 
 class Scheduler:
     name = NAME
 
+    def __init__(self, seed: int = SCHEDULER_TIE_BREAK_SEED) -> None:
+        self.seed = seed
+        self._snapshot: Snapshot | None = None
+
     def on_event(self, state: ClusterState, event: Event) -> list[Command]:
         kind, namespace, name = split_aggregate_id(event.originator_id)
         if kind == VMI_KIND:
             vmi = state.vmi(namespace, name)
-            return self._schedule(state, vmi, event.correlation_id) if vmi is not None else []
-        if kind == NODE_KIND:
+            if vmi is not None and waiting(vmi):
+                return self._pass(state, [vmi], event.correlation_id)
+            if vmi is None or not vmi.active:  # what it held is free: others may fit now
+                return self.resync(state)
+            return []
+        if kind == NODE_KIND or kind in HCO_VIEW_KINDS:
             return self.resync(state)
         return []
 
     def resync(self, state: ClusterState) -> list[Command]:
-        commands: list[Command] = []
-        for vmi in list(state.vmis()):
-            commands += self._schedule(state, vmi)
-        return commands
+        return self._pass(state, [v for v in state.vmis() if waiting(v)])
 
-    def _schedule(self, state: ClusterState, vmi: VirtualMachineInstanceView,
-                  correlation_id: str = "") -> list[Command]:
-        if vmi.phase != "Pending" or vmi.node or vmi.deletion_requested_at is not None:
+    def _pass(self, state: ClusterState, vmis: Iterable[VirtualMachineInstanceView],
+              correlation_id: str = "") -> list[Command]:
+        pending = [(v, v.spec) for v in vmis if v.spec is not None]  # none: nothing to place
+        if not pending:
             return []
-        node = self.choose(state, vmi)
-        if node is None:
-            return []
-        return [derived_command(NAME, "VirtualMachineInstance", "schedule",
-                                vmi.metadata.namespace, vmi.metadata.name, vmi.version,
-                                manifest={"node": node},
-                                correlation_id=correlation_id or vmi.correlation_id)]
-
-    def choose(self, state: ClusterState, vmi: VirtualMachineInstanceView) -> str | None:
-        if vmi.spec is None:
-            return None  # nothing to place (a log this version cannot fully read)
-        best: tuple[float, str] | None = None
         tuning = cluster_tuning(state)
-        for node in state.nodes():
-            ask = vmi_resources(vmi.spec.domain, emulation=node.emulation, tuning=tuning)
-            load = self._fits(state, node, ask, selector=vmi.spec.node_selector, tuning=tuning)
-            if load is not None and (best is None or (load, node.name) < best):
-                best = (load, node.name)
-        return best[1] if best else None
-
-    @staticmethod
-    def _fits(state: ClusterState, node: NodeView, ask: VMIResources, *,
-              selector: dict[str, str], tuning: ClusterTuning) -> float | None:
-        """The node's memory load after placing `ask`, or None if it does not fit."""
-        info = node.info
-        if not node.ready or info is None:
-            return None
-        if any(info.labels.get(k) != v for k, v in selector.items()):
-            return None
-        used = state.node_usage(node.name, emulation=node.emulation, tuning=tuning)
-        memory = int(quantity(info.allocatable.get("memory", "0")))
-        cpu = int(quantity(info.allocatable.get("cpu", "0")) * 1000)
-        if used["memory"] + ask.memory_bytes > memory or used["cpu"] + ask.cpu_millis > cpu:
-            return None
-        for resource, amount in ask.extended.items():
-            have = int(quantity(info.allocatable.get(resource, "0")))
-            if used.get(resource, 0) + amount > have:
-                return None
-        return (used["memory"] + ask.memory_bytes) / memory if memory else 1.0
+        placement = workload_placement(state)
+        snapshot = self._snapshot = Snapshot(state.nodes(), state.vmis(), tuning,
+                                             self._snapshot)
+        commands: list[Command] = []
+        for vmi, spec in pending:
+            decided = decide(demand_of(vmi, spec, placement, tuning), snapshot, self.seed)
+            meta, correlation = vmi.metadata, correlation_id or vmi.correlation_id
+            if decided.node is not None:
+                commands.append(derived_command(
+                    NAME, "VirtualMachineInstance", "schedule", meta.namespace, meta.name,
+                    vmi.version, manifest={"node": decided.node}, correlation_id=correlation))
+            elif decided.message != vmi.unschedulable_message:
+                commands.append(derived_command(
+                    NAME, "VirtualMachineInstance", "unschedulable", meta.namespace, meta.name,
+                    vmi.version, decided.message, manifest={"message": decided.message},
+                    correlation_id=correlation))
+        return commands

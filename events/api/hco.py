@@ -16,6 +16,7 @@ import msgspec
 from events.api import hco_defaults as d
 from events.api.base import ApiStruct, ObjectMeta
 from events.api.manifest import register_kind
+from events.api.scheduling import LabelSelector, Toleration
 
 UninstallStrategy = Literal["BlockUninstallIfWorkloadsExist", "RemoveWorkloads"]
 EvictionStrategy = Literal["None", "LiveMigrate", "LiveMigrateIfPossible", "External"]
@@ -27,29 +28,9 @@ VmiCalcConfigName = Literal[
 TLSProfileType = Literal["Old", "Intermediate", "Modern", "Custom"]
 
 
-class LabelSelectorRequirement(ApiStruct):
-    key: str
-    operator: str
-    values: list[str] = []
-
-
-class LabelSelector(ApiStruct):
-    """metav1.LabelSelector; an empty selector matches everything, `None` matches nothing."""
-
-    match_labels: dict[str, str] = {}
-    match_expressions: list[LabelSelectorRequirement] = []
-
-
-class Toleration(ApiStruct):
-    key: str = ""
-    operator: str = ""
-    value: str = ""
-    effect: str = ""
-    toleration_seconds: int | None = None
-
-
 class NodePlacement(ApiStruct):
-    """Where the pods of a kind go; `affinity` is kept as the Kubernetes JSON it is."""
+    """Where the pods of a kind go (for `workloads`: every VMI, see `controlplane.scheduling`);
+    `affinity` is kept as the Kubernetes JSON it is, as HCO copies it into the KubeVirt CR."""
 
     node_selector: dict[str, str] = {}
     affinity: dict[str, object] | None = None

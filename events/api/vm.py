@@ -8,6 +8,7 @@ import msgspec
 
 from events.api.base import ApiStruct, ObjectMeta
 from events.api.domain import DomainSpec, Volume
+from events.api.scheduling import Affinity, Toleration, TopologySpreadConstraint
 
 API_VERSION: Final = "kubevirt.io/v1"
 DEFAULT_GRACE_PERIOD_SECONDS: Final = 180
@@ -23,8 +24,9 @@ class VirtualMachineInstanceSpec(ApiStruct):
     volumes: list[Volume] = []
     networks: list[dict[str, Any]] = []
     node_selector: dict[str, str] = {}
-    affinity: dict[str, Any] | None = None
-    tolerations: list[dict[str, Any]] = []
+    affinity: Affinity | None = None
+    tolerations: list[Toleration] = []
+    topology_spread_constraints: list[TopologySpreadConstraint] = []
     termination_grace_period_seconds: int | None = None
     eviction_strategy: str | None = None
     hostname: str = ""

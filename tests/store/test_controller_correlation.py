@@ -22,7 +22,8 @@ def test_resyncs_carry_the_request_that_last_changed_the_object(
     [create] = VMController().resync(state)
     assert (create.verb, create.correlation_id) == ("create-for-vm", apply.id)
     run_accepted(handler, state, create)
-    assert Scheduler().resync(state) == []  # no node yet
+    [unschedulable] = Scheduler().resync(state)  # no node yet
+    assert (unschedulable.verb, unschedulable.correlation_id) == ("unschedulable", apply.id)
     run_accepted(handler, state, register_command("n1"))
     [schedule] = Scheduler().resync(state)
     assert schedule.manifest == {"node": "n1"}
