@@ -58,7 +58,7 @@ from events.messages import (
 )
 from events.policy import Policy, command_request
 from events.subjects import Layout
-from events.transient import is_transient, note, retry_until_stopped
+from events.transient import retry_until_stopped, retry_while_running
 
 log = structlog.get_logger(__name__)
 
@@ -168,12 +168,15 @@ class Consumer:
         self._wake.set()
 
     async def _one(self, msg: Msg) -> None:
+        """The work's outcome decides the message's fate, never its claim or its ack: work
+        done is acknowledged, and an ack NATS cannot take only brings the message back, to be
+        answered from its marker (a claim not renewed does the same, `claimed`)."""
         try:
             async with claimed(msg):
                 await self._work_through(msg)
-            await msg.ack()
         except DeadLetter as e:
             await self._dead_letter(msg, str(e))
+            return
         except Exception as e:  # the log or the connection failed this time: again later
             delivered = msg.metadata.num_delivered
             if delivered >= MAX_DELIVER:
@@ -182,25 +185,16 @@ class Consumer:
             log.warning("intake message failed; it will be delivered again",
                         subject=msg.subject, delivered=delivered, error=repr(e))
             await _quietly(msg.nak(delay=INTAKE_RETRY_SECONDS))
+            return
+        await _quietly(msg.ack())
 
     async def _work_through(self, msg: Msg) -> None:
         """The message's work, tried again in place, claim kept, while NATS fails it for a
         moment (a server lost, a leader being elected): a command is not dead-lettered for
         the cluster's trouble. Its first outcome stays final: a retried command that was
         recorded already answers from its marker."""
-        attempt = 0
-        while True:
-            try:
-                await self.work(msg)
-                return
-            except Exception as e:
-                if not is_transient(e) or self._stop.is_set():
-                    raise
-                attempt += 1
-                await pause_unless_stopped(self._stop, note(
-                    "intake message", e, attempt, stream=self.stream, subject=msg.subject))
-                if self._stop.is_set():
-                    raise
+        await retry_while_running(lambda: self.work(msg), "intake message", self._stop,
+                                  stream=self.stream, subject=msg.subject)
 
     async def _dead_letter(self, msg: Msg, reason: str) -> None:
         self.dead_letters += 1

@@ -14,7 +14,8 @@ from controlplane.intake import CommandIntake, ReportIntake
 from controlplane.lease import Lease
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
-from events.connect import Access, connect, shown
+from events.aio import unless_stopped
+from events.connect import Access, connect_unless_stopped, shown
 from events.policy import Policy
 from events.streams import ensure_all
 from events.subjects import Layout
@@ -32,36 +33,40 @@ async def serve(access: Access | str, layout: Layout, *, replicas: int = 1,
     """Lead (once the lease is ours) until `stop`; False if the lease was lost instead."""
     stop = stop or asyncio.Event()
     access = access if isinstance(access, Access) else Access(access)
-    nc = await connect(access, f"{layout.prefix}-controlplane")
-    await ensure_all(nc.jetstream(), layout, replicas)
-    lease = Lease(nc, layout, holder)
-    if not await lease.acquire(stop):
-        await nc.close()
+    nc = await connect_unless_stopped(access, f"{layout.prefix}-controlplane", stop)
+    if nc is None:
         return True
-    lost = asyncio.Event()
-    halt = asyncio.Event()
-
-    async def halt_on(event: asyncio.Event) -> None:
-        await event.wait()
-        halt.set()
-
-    writer = Writer(nc, layout)
-    loop = ControlLoop(nc, layout, writer, node_grace_seconds)
-    log.info("control plane started", nats_url=shown(access.url), prefix=layout.prefix,
-             authorization="policy" if policy is not None and policy.enforced else "open")
-    watchers = [asyncio.ensure_future(halt_on(e)) for e in (stop, lost)]
     try:
-        await asyncio.gather(
-            CommandIntake(nc, layout, writer, policy).run(halt),
-            ReportIntake(nc, layout, writer).run(halt),
-            loop.run(halt),
-            lease.hold(halt, lost),
-        )
+        if not await unless_stopped(ensure_all(nc.jetstream(), layout, replicas), stop):
+            return True
+        lease = Lease(nc, layout, holder)
+        if not await lease.acquire(stop):
+            return True
+        lost = asyncio.Event()
+        halt = asyncio.Event()
+
+        async def halt_on(event: asyncio.Event) -> None:
+            await event.wait()
+            halt.set()
+
+        writer = Writer(nc, layout)
+        loop = ControlLoop(nc, layout, writer, node_grace_seconds)
+        log.info("control plane started", nats_url=shown(access.url), prefix=layout.prefix,
+                 authorization="policy" if policy is not None and policy.enforced else "open")
+        watchers = [asyncio.ensure_future(halt_on(e)) for e in (stop, lost)]
+        try:
+            await asyncio.gather(
+                CommandIntake(nc, layout, writer, policy).run(halt),
+                ReportIntake(nc, layout, writer).run(halt),
+                loop.run(halt),
+                lease.hold(halt, lost),
+            )
+        finally:
+            for w in watchers:  # also when a part failed: no task left pending at loop close
+                w.cancel()
+        return not lost.is_set()
     finally:
-        for w in watchers:  # also when a part failed: no task left pending at loop close
-            w.cancel()
         await nc.close()
-    return not lost.is_set()
 
 
 def run(access: Access, layout: Layout, **kwargs: object) -> int:

@@ -6,7 +6,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable
 
+import structlog
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+
+log = structlog.get_logger(__name__)
 
 
 async def pause_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
@@ -42,12 +46,21 @@ that died is taken up again soon after it restarts. Live work keeps its claim wi
 
 @contextlib.asynccontextmanager
 async def claimed(msg: Msg) -> AsyncIterator[None]:
-    """Keep a work item claimed (`+WPI` every third of the ack wait) while it is worked on."""
+    """Keep a work item claimed (`+WPI` every third of the ack wait) while it is worked on.
+
+    A renewal NATS cannot take (the connection being re-established) is one log line and
+    tried again at the next period, never the work's failure: the work's own outcome decides
+    what becomes of the item. A claim that lapsed meanwhile only lets the item come again,
+    which every consumer of work items answers as done."""
 
     async def renew() -> None:
         while True:
             await asyncio.sleep(ACK_WAIT_SECONDS / 3)  # the renewal period itself
-            await msg.in_progress()
+            try:
+                await msg.in_progress()
+            except NatsError as e:
+                log.warning("claim of a work item not renewed", subject=msg.subject,
+                            error=str(e) or type(e).__name__)
 
     task = asyncio.ensure_future(renew())
     try:

@@ -16,6 +16,7 @@ before any password is sent.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import errno as errnos
 import os
 import socket
@@ -33,6 +34,7 @@ from nats.errors import Error as NatsError
 from nats.errors import StaleConnectionError
 from nats.js.errors import APIError, ServiceUnavailableError
 
+from events.aio import unless_stopped
 from events.subjects import DEFAULT_PREFIX
 
 log = structlog.get_logger(__name__)
@@ -55,6 +57,13 @@ ONE_SHOT_ATTEMPTS: Final = 1
 plus one attempts), before `connect` raises `Unreachable`."""
 ONE_SHOT_WAIT_SECONDS: Final = 0.5
 """Between those attempts (nats-py's 2 s is a service's pace; a person is waiting here)."""
+
+PING_INTERVAL_SECONDS: Final = 10
+"""How often a connection asks its server whether it is still there (nats-py's default, 120
+s, let a frozen or half-dead server go unnoticed for minutes: nothing fails over meanwhile)."""
+MAX_OUTSTANDING_PINGS: Final = 2
+"""Pings left unanswered before the connection is declared stale and re-established: a
+server that stopped answering is noticed within (this + 1) x `PING_INTERVAL_SECONDS`."""
 
 ErrorCallback = Callable[[Exception], Awaitable[None]]
 Callback = Callable[[], Awaitable[None]]
@@ -298,10 +307,14 @@ async def connect(target: str | Access, name: str, **options: Any) -> Client:
     connection) it tries each server `ONE_SHOT_ATTEMPTS + 1` times, `ONE_SHOT_WAIT_SECONDS`
     apart, unless told otherwise, then raises `Unreachable`. Any of nats-py's options may
     be given; an `error_cb` of the caller's own takes over the reporting (then nothing is
-    logged here). Unusable credentials or TLS files raise `AccessRefused` at once.
+    logged here). A server that stops answering is noticed by pings
+    (`PING_INTERVAL_SECONDS`, `MAX_OUTSTANDING_PINGS`, unless given). Unusable credentials
+    or TLS files raise `AccessRefused` at once.
     """
     access = target if isinstance(target, Access) else Access(target)
     url = access.url
+    options.setdefault("ping_interval", PING_INTERVAL_SECONDS)
+    options.setdefault("max_outstanding_pings", MAX_OUTSTANDING_PINGS)
     if options.get("allow_reconnect", True):
         options.setdefault("max_reconnect_attempts", -1)
     else:
@@ -333,6 +346,18 @@ async def connect(target: str | Access, name: str, **options: Any) -> Client:
         raise Unreachable(url, NO_TLS)
     reporter.on_connected()
     return nc
+
+
+async def connect_unless_stopped(target: str | Access, name: str, stop: asyncio.Event,
+                                 **options: Any) -> Client | None:
+    """A service's `connect`, given up when `stop` is set first (None), with one line: its
+    connection retries for ever while NATS does not answer, and a signal must still stop
+    the service at once."""
+    connecting = asyncio.ensure_future(connect(target, name, **options))
+    if await unless_stopped(connecting, stop):
+        return connecting.result()
+    log.info("stopped before NATS answered", url=shown(target), connection=name)
+    return None
 
 
 NO_TLS: Final = "the server does not offer TLS (refused: TLS was asked for)"

@@ -30,6 +30,10 @@ HEARTBEAT_TTL: Final = 60.0
 """Heartbeat entries outlive any grace period; staleness is judged by the control plane."""
 HEARTBEAT_INTERVAL: Final = 2.0
 LEASE_TTL: Final = 10.0
+STREAMS_WAIT_SECONDS: Final = 30.0
+"""How long a reader or an agent waits for the installation's streams at start."""
+STREAMS_POLL_SECONDS: Final = 0.1
+"""How often it looks again while they are not there yet."""
 ENSURE_WITHIN_SECONDS: Final = 60.0
 """How long one set-up call retries a cluster that cannot answer yet (electing leaders after
 losing a server), before the set-up fails with the last error."""
@@ -219,18 +223,26 @@ async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> None:
                        ENSURE_WITHIN_SECONDS, bucket=config.bucket)
 
 
-async def wait_for_streams(js: JetStreamContext, layout: Layout, timeout: float = 30.0) -> None:
-    """Readers and agents do not create the installation; they wait for the control plane to."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        try:
-            await js.stream_info(layout.events_stream)
-            await js.stream_info(layout.reports_stream)
-            return
-        except NotFoundError:
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            await asyncio.sleep(0.1)  # polling for another process's set-up
+async def wait_for_streams(js: JetStreamContext, layout: Layout,
+                           timeout: float = STREAMS_WAIT_SECONDS) -> None:
+    """Readers and agents do not create the installation; they wait for the control plane
+    to (quietly), and ride out a cluster that cannot answer yet (one line per attempt),
+    both within `timeout`; then the last failure is raised."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+
+    async def look() -> None:
+        while True:
+            try:
+                await js.stream_info(layout.events_stream)
+                await js.stream_info(layout.reports_stream)
+                return
+            except NotFoundError:
+                if loop.time() > deadline:
+                    raise
+                await asyncio.sleep(STREAMS_POLL_SECONDS)  # polling for another's set-up
+
+    await retry_within(look, "waiting for the installation's streams", timeout)
 
 
 async def prepare_streams(admin: Access, layout: Layout, replicas: int) -> None:

@@ -3,8 +3,10 @@ a server of the cluster is gone, a JetStream leader is being elected: pause and 
 not (a refusal that asking again cannot change: raise it).
 
 Every long-running loop that talks to NATS asks `is_transient` and retries through
-`retry_until_stopped` (a service: until it works or the process stops) or `retry_within`
-(set-up and a person's commands: for a bounded time, then the last error). Each failed
+`retry_until_stopped` (a service: until it works or the process stops),
+`retry_while_running` (a step of work: until it works; once the process stops, the last
+error, so the work stays undone) or `retry_within` (set-up and a person's commands: for a
+bounded time, then the last error). Each failed
 attempt is one log line, with what failed, the attempt and the reason: never a traceback.
 """
 
@@ -124,8 +126,7 @@ async def retry_until_stopped(call: Callable[[], Awaitable[T]], what: str,
             pause = note(what, e, attempt, **context)
         if stop.is_set():
             return None
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), pause)
+        await _pause(stop, pause)
         if stop.is_set():
             return None
 
@@ -145,3 +146,28 @@ async def retry_within(call: Callable[[], Awaitable[T]], what: str, seconds: flo
             if not is_transient(e) or loop.time() + pause_for(attempt) > deadline:
                 raise
             await asyncio.sleep(note(what, e, attempt, **context))  # back-off, not a wait
+
+
+async def retry_while_running(call: Callable[[], Awaitable[T]], what: str,
+                              stop: asyncio.Event, **context: Any) -> T:
+    """`call()`'s result, retried after each transient failure until it succeeds; once
+    `stop` is set, the last failure is raised instead, so that work NATS would not take is
+    left undone (not acknowledged, not recorded) as if NATS had failed it. What is not
+    transient is raised at once."""
+    attempt = 0
+    while True:
+        try:
+            return await call()
+        except Exception as e:
+            if not is_transient(e) or stop.is_set():
+                raise
+            attempt += 1
+            await _pause(stop, note(what, e, attempt, **context))
+            if stop.is_set():
+                raise
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    """The back-off between attempts, cut short by `stop`."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

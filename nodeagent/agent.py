@@ -26,6 +26,10 @@ counted and terminated; so is one that trips an unexpected error. Nothing read f
 stops the agent. An item the agent could not finish for NATS's sake (no ack, no record) is
 delivered again, at most `WORK_MAX_DELIVER` times.
 
+Nor does a NATS failover stop it: what NATS fails for a moment (a timeout, no responders, a
+503, a leader being elected: `events.transient`) is tried again where it failed, one log
+line per attempt, in every start-up query, report, record, pull and heartbeat.
+
 At start (and when a simulated agent stop ends) it reconciles as virt-handler does: it asks
 the read service which VMIs the cluster placed on this node, reports those that ran here
 but have no domain any more as gone, and removes domains that no active VMI here owns.
@@ -47,12 +51,13 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import socket
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import libvirt
 import msgspec
@@ -60,8 +65,8 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from nats.errors import NoRespondersError
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.kv import KeyValue
 
 from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped, unless_stopped
 from events.api.hco_defaults import KUBEVIRT_MIN_CPU_MODEL
@@ -81,6 +86,7 @@ from events.messages import (
 from events.query import Answer, Query, ask
 from events.streams import HEARTBEAT_INTERVAL, wait_for_streams
 from events.subjects import DEFAULT_PREFIX, Layout, encode_token
+from events.transient import describe, is_transient, note, retry_until_stopped, retry_while_running
 from nodeagent import downwardmetrics, lifecycle
 from nodeagent.converter import convert
 from nodeagent.converter import defaults as converter_defaults
@@ -90,6 +96,7 @@ from nodeagent.defaults import (
     DEVICE_PLUGIN_CAPACITY,
     DOMAIN_MISSING_REASON,
     DOWNWARD_METRICS_INTERVAL_SECONDS,
+    FETCH_WAIT_SECONDS,
     READ_SERVICE_RETRY_SECONDS,
     READ_SERVICE_WAIT_SECONDS,
     REDISCOVERY_INTERVAL_SECONDS,
@@ -107,6 +114,8 @@ from nodeagent.watcher import LifecycleWatcher, to_asyncio
 from nodeagent.worklog import open_worklog
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 SERVING: contextvars.ContextVar[str] = contextvars.ContextVar("serving", default="")
 """The correlation id of the node work being done; reports made for it carry it along."""
@@ -202,6 +211,8 @@ class NodeAgent:
         """Domain name to the correlation id of the node command acting on it right now, so
         libvirt's echo of that action, if the watcher reports it first, carries the id too."""
         self.nc: Client | None = None
+        self.stop = asyncio.Event()
+        """The agent's stop (given to `run`): what NATS keeps failing is retried until it."""
         self.rejected = 0
         """Work items terminated as bad since start (each logged with its subject)."""
         self.fingerprint = ""
@@ -213,6 +224,7 @@ class NodeAgent:
     # -- start-up ----------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        self.stop = stop
         quiet_libvirt_errors()
         loop = asyncio.get_running_loop()
         uri = self.cfg.libvirt_uri if self.host is None else self.host.uri
@@ -226,7 +238,8 @@ class NodeAgent:
             js = self.nc.jetstream()
             if not await unless_stopped(wait_for_streams(js, self.layout), stop):
                 return
-            opened = asyncio.ensure_future(open_worklog(js, self.layout, self.cfg.node))
+            opened = asyncio.ensure_future(self._nats(
+                lambda: open_worklog(js, self.layout, self.cfg.node), "opening the work log"))
             if not await unless_stopped(opened, stop):
                 return
             self.worklog = opened.result()
@@ -282,7 +295,9 @@ class NodeAgent:
                 if ref.uid not in assigned:
                     self.log.warning("removing a domain no active VMI here owns", vmi=ref.name,
                                      namespace=ref.namespace, uid=ref.uid)
-                    await self.worklog.record_finished(ref.uid, "no active VMI here owns it")
+                    await self._nats(functools.partial(
+                        self.worklog.record_finished, ref.uid, "no active VMI here owns it"),
+                        "recording a finished VMI")
                     await self._remove(ref)
 
     def _adopt_spec(self, ref: VMIRef, vmi: dict[str, Any]) -> None:
@@ -341,8 +356,10 @@ class NodeAgent:
             answer = await ask(self.nc, self.layout,
                                Query(kind=kind, after=info.state.last_seq),
                                node_actor(self.cfg.node))
-        except (NoRespondersError, TimeoutError) as e:
-            raise ReadServiceUnavailable(f"{type(e).__name__}: {e}") from e
+        except Exception as e:  # no read service (yet), or NATS failing for a moment
+            if not is_transient(e):
+                raise
+            raise ReadServiceUnavailable(describe(e)) from e
         if answer.error:
             raise ReadServiceUnavailable(answer.error)
         return answer
@@ -370,8 +387,16 @@ class NodeAgent:
             return
         subject = self.layout.report_subject(self.cfg.node, report.kind)
         report = msgspec.structs.replace(report, correlation_id=SERVING.get())
-        await self.nc.jetstream().publish(subject, msgspec.msgpack.encode(report),
-                                          headers={"Nats-Msg-Id": report.id})
+        js = self.nc.jetstream()
+        await self._nats(lambda: js.publish(subject, msgspec.msgpack.encode(report),
+                                            headers={"Nats-Msg-Id": report.id}),
+                         "reporting", kind=report.kind)  # its id makes a retry one report
+
+    async def _nats(self, call: Callable[[], Awaitable[T]], what: str, **context: Any) -> T:
+        """`call()`, tried again in place while NATS fails it for a moment (a server lost, a
+        leader being elected), one log line per attempt: the agent rides a failover out
+        rather than exit. Once the agent stops, the last failure is raised."""
+        return await retry_while_running(call, what, self.stop, node=self.cfg.node, **context)
 
     async def _follow_cluster_cpu_policy(self) -> None:
         """Take `obsoleteCPUModels` and `minCPUModel` from the effective KubeVirt CR, as
@@ -408,7 +433,8 @@ class NodeAgent:
         """Report a guest's phase; a finished one is marked so first, never to launch again
         (a report lost after the mark is made again by the next start's reconcile)."""
         if phase in FINISHED:
-            await self.worklog.record_finished(ref.uid, reason or phase)
+            await self._nats(lambda: self.worklog.record_finished(ref.uid, reason or phase),
+                             "recording a finished VMI")
         obs = DomainObservation(namespace=ref.namespace, name=ref.name, uid=ref.uid,
                                 phase=phase, reason=reason, gone=gone, paused=paused,
                                 paused_reason=paused_reason)
@@ -453,43 +479,74 @@ class NodeAgent:
                                      namespace=ref.namespace, error=str(e))
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
+        """A beat every `HEARTBEAT_INTERVAL`; one NATS cannot take (or a bucket it cannot
+        bind yet) is one log line, and the next beat is the retry."""
         assert self.nc is not None
-        kv = await self.nc.jetstream().key_value(self.layout.heartbeats_bucket)
+        js = self.nc.jetstream()
+        kv: KeyValue | None = None
         key = encode_token(self.cfg.node)
+        failures = 0
         while not stop.is_set():
             if self.active.is_set():
                 try:
+                    kv = kv or await js.key_value(self.layout.heartbeats_bucket)
                     await kv.put(key, str(time.time()).encode())
+                    failures = 0
                 except (TimeoutError, NatsError) as e:
-                    self.log.warning("heartbeat not written", error=str(e))
+                    failures += 1
+                    if is_transient(e):
+                        note("heartbeat", e, failures)
+                    else:
+                        self.log.warning("heartbeat not written", error=describe(e))
             await pause_unless_stopped(stop, HEARTBEAT_INTERVAL)
 
     async def _consume(self, stop: asyncio.Event) -> None:
         """Take the node's work one item at a time: an item fetched is an item claimed, so
-        none waits out its ack wait in a batch behind slow work and comes twice."""
+        none waits out its ack wait in a batch behind slow work and comes twice. A pull NATS
+        cannot serve (no consumer leader, a server lost) is one log line, a pause, and the
+        consumer set up again (it may have been lost with its server)."""
         assert self.nc is not None
         js = self.nc.jetstream()
         durable = work_consumer(self.cfg.node)
         # Created, or brought to this config (an older agent's consumer had no max_deliver).
-        await js.add_consumer(self.layout.node_stream, ConsumerConfig(
+        config = ConsumerConfig(
             name=durable, durable_name=durable, filter_subject=self.layout.node_filter(
                 self.cfg.node), ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_SECONDS,
-            max_deliver=WORK_MAX_DELIVER))
+            max_deliver=WORK_MAX_DELIVER)
+
+        async def ensure_consumer() -> bool:
+            return await retry_until_stopped(
+                lambda: js.add_consumer(self.layout.node_stream, config),
+                "setting up the node's work consumer", stop, node=self.cfg.node) is not None
+
+        if not await ensure_consumer():
+            return
         sub = await js.pull_subscribe_bind(durable=durable, stream=self.layout.node_stream)
+        failures = 0
         while not stop.is_set():
             if not self.active.is_set():
                 await unless_stopped(self.active.wait(), stop)  # a silenced agent does nothing
                 continue
             try:
-                msgs = await sub.fetch(1, timeout=1.0)
-            except TimeoutError:
+                msgs = await sub.fetch(1, timeout=FETCH_WAIT_SECONDS)
+            except TimeoutError:  # no work now
                 continue
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                failures += 1
+                await pause_unless_stopped(stop, note("taking node work", e, failures,
+                                                      node=self.cfg.node))
+                if not await ensure_consumer():
+                    return
+                continue
+            failures = 0
             for msg in msgs:
                 try:
                     await self._handle(msg)
                 except (TimeoutError, NatsError) as e:  # NATS's trouble, not the work's
                     self.log.warning("node work unfinished; it is delivered again",
-                                     subject=msg.subject, error=str(e))
+                                     subject=msg.subject, error=describe(e))
 
     async def _handle(self, msg: Msg) -> None:
         """One work item, isolated: a bad one is rejected, any other applied (see above)."""
@@ -540,7 +597,8 @@ class NodeAgent:
     async def _apply(self, msg: Msg, command: NodeCommand, ref: VMIRef) -> None:
         """Do, report, record, acknowledge, in that order (the module gives the crash
         windows); an item whose event id is recorded already is only acknowledged."""
-        if await self.worklog.applied(command.event_id):
+        if await self._nats(lambda: self.worklog.applied(command.event_id),
+                            "looking up applied work"):
             self.log.info("node work already applied")
             await msg.ack()
             return
@@ -555,7 +613,7 @@ class NodeAgent:
                 await self.report_domain(ref, GuestPhase.FAILED, f"launch failed: {e}")
         finally:
             self.in_progress.pop(ref.domain, None)
-        await self.worklog.record_applied(command)
+        await self._nats(lambda: self.worklog.record_applied(command), "recording applied work")
         await msg.ack()
 
     async def execute(self, command: NodeCommand, ref: VMIRef) -> None:
@@ -580,7 +638,7 @@ class NodeAgent:
         """Convert, create the metrics disks, define and start. Every host path is made and
         checked (`nodeagent.hostpaths`) by the conversion, before any file is created or
         the domain defined: a path outside the VMI's directory fails the launch."""
-        if await self.worklog.finished(ref.uid):
+        if await self._nats(lambda: self.worklog.finished(ref.uid), "looking up a finished VMI"):
             self.log.info("launch of a finished VMI: nothing to do", uid=ref.uid)
             return
         if command.vmi is None:
@@ -600,6 +658,8 @@ class NodeAgent:
         await self.report_domain(ref, GuestPhase.RUNNING, "launched")
 
     async def _pump(self, observations: asyncio.Queue[Observation], stop: asyncio.Event) -> None:
+        """Report what libvirt says of our guests; what NATS fails for a moment is retried
+        in place (`_nats`), and what it refuses is one line: the pump never stops."""
         while not stop.is_set():
             try:
                 obs = await asyncio.wait_for(observations.get(), 1.0)
@@ -612,13 +672,17 @@ class NodeAgent:
                 continue  # not ours, no change, or a stop whose command reports it
             reason = str(obs.cause or "")
             with _serving(self.in_progress.get(ref.domain, "")):
-                if phase is GuestPhase.RUNNING:
-                    await self._persist()
-                    await self.report_domain(ref, phase, reason, paused=verdict.paused,
-                                             paused_reason=verdict.paused_reason)
-                else:
-                    await self._remove(ref)
-                    await self.report_domain(ref, phase, reason, gone=True)
+                try:
+                    if phase is GuestPhase.RUNNING:
+                        await self._persist()
+                        await self.report_domain(ref, phase, reason, paused=verdict.paused,
+                                                 paused_reason=verdict.paused_reason)
+                    else:
+                        await self._remove(ref)
+                        await self.report_domain(ref, phase, reason, gone=True)
+                except (TimeoutError, NatsError) as e:
+                    self.log.warning("observation not reported", vmi=ref.name,
+                                     namespace=ref.namespace, phase=phase, error=describe(e))
 
     # -- simulation --------------------------------------------------------------------
 
@@ -632,6 +696,8 @@ class NodeAgent:
                 reply = SimReply(ok=True)
         except (VirtbusError, libvirt.libvirtError, msgspec.DecodeError) as e:
             reply = SimReply(ok=False, error=str(e))
+        except (TimeoutError, NatsError) as e:  # only once the agent stops, or refused
+            reply = SimReply(ok=False, error=describe(e))
         await msg.respond(msgspec.msgpack.encode(reply))
 
     def summaries(self) -> list[DomainSummary]:

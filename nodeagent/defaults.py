@@ -30,3 +30,6 @@ enough that an item which kills its agent every time stops after that many resta
 WORKLOG_POLL_SECONDS: Final = 0.1
 """How often a starting agent looks again for the applied-work bucket the control plane
 creates with the installation."""
+FETCH_WAIT_SECONDS: Final = 1.0
+"""How long one pull for node work waits on the server before the agent looks at its stop
+and its silence again."""

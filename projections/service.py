@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from events.aio import unless_stopped
 from events.api.resources import ClusterTuning
 from events.codec import Event
-from events.connect import Access, connect, shown
+from events.connect import Access, connect_unless_stopped, shown
 from events.messages import NODE_ACTOR_PREFIX
 from events.policy import Policy, Request, resource_of
 from events.query import Answer, Query, queries_filter, query_asker
@@ -262,7 +262,9 @@ def run(access: Access, layout: Layout, listen: tuple[str, int] | None = None,
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        nc = await connect(access, f"{layout.prefix}-projections")
+        nc = await connect_unless_stopped(access, f"{layout.prefix}-projections", stop)
+        if nc is None:
+            return
         log.info("read service started", nats_url=shown(access.url), prefix=layout.prefix,
                  authorization="policy" if policy is not None and policy.enforced else "open")
         try:

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import json
 import shutil
+import socket
 import tempfile
 import urllib.request
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from nats.errors import NoRespondersError
 from nats.js.client import JetStreamContext
 from nats.js.errors import ServiceUnavailableError
 
-from events.server import EmbeddedNats, free_port
+from events.server import EmbeddedNats
 
 
 @functools.cache
@@ -47,8 +48,9 @@ no_auth_user: app
 class Member(EmbeddedNats):
     """A server of a `cluster`: its name there, and its monitoring endpoint."""
 
-    def __init__(self, data_dir: Path, *, name: str, config: Path, monitor_port: int) -> None:
-        super().__init__(data_dir, config=config)
+    def __init__(self, data_dir: Path, *, name: str, config: Path, port: int,
+                 monitor_port: int) -> None:
+        super().__init__(data_dir, config=config, port=port)
         self.name = name
         self.monitor_port = monitor_port
 
@@ -68,13 +70,25 @@ class Member(EmbeddedNats):
             return found
 
 
+def distinct_free_ports(count: int) -> list[int]:
+    """`count` free loopback ports, all different: each is held while the next is picked
+    (picked one at a time and released, a server's client port could be another's route
+    port, and the second server would fail to bind)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+
+
 @contextlib.contextmanager
 def cluster(root: Path, size: int = 3, *,
             system_account: bool = False) -> Iterator[list[Member]]:
     """A JetStream cluster of `size` servers on free loopback ports, each routing to all,
     each with its monitoring endpoint; with `system_account`, a system account's user
     (`Member.system_url`) may move the JetStream meta leader (`lead_from`)."""
-    routes = [free_port() for _ in range(size)]
+    ports = distinct_free_ports(3 * size)
+    routes, clients, monitors = ports[:size], ports[size:2 * size], ports[2 * size:]
     servers: list[Member] = []
     try:
         for i, route in enumerate(routes):
@@ -82,12 +96,12 @@ def cluster(root: Path, size: int = 3, *,
             data.mkdir(parents=True)
             conf = data / "server.conf"
             urls = "\n".join(f"    nats-route://127.0.0.1:{port}" for port in routes)
-            monitor = free_port()
+            monitor = monitors[i]
             conf.write_text(f"server_name: n{i}\nhttp: 127.0.0.1:{monitor}\n"
                             f"cluster {{\n  name: test\n"
                             f"  listen: 127.0.0.1:{route}\n  routes: [\n{urls}\n  ]\n}}\n"
                             + (_ACCOUNTS if system_account else ""))
-            servers.append(Member(data, name=f"n{i}", config=conf,
+            servers.append(Member(data, name=f"n{i}", config=conf, port=clients[i],
                                   monitor_port=monitor).start())
         yield servers
     finally:

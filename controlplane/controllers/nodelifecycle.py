@@ -35,8 +35,14 @@ class NodeLifecycle:
         self.started = time.monotonic()
 
     async def watch(self, stop: asyncio.Event) -> None:
-        """Record when each node's heartbeat was last put."""
+        """Record when each node's heartbeat was last put.
+
+        A watch starts with the last value of every key, put at some time before: a node
+        dead since then would look fresh, at each re-subscription (after NATS failed the
+        watch) and at start. So only a value put after the watch began (a revision above
+        the bucket's last when it began) is a beat; the replayed ones are not."""
         kv: KeyValue = await self.nc.jetstream().key_value(self.layout.heartbeats_bucket)
+        replayed_up_to = (await kv.status()).stream_info.state.last_seq
         watcher = await kv.watchall()
         try:
             while not stop.is_set():
@@ -44,7 +50,8 @@ class NodeLifecycle:
                     entry = await watcher.updates(timeout=1.0)
                 except TimeoutError:
                     continue
-                if entry is not None and entry.operation is None:
+                if (entry is not None and entry.operation is None
+                        and (entry.revision or 0) > replayed_up_to):
                     self.last_seen[decode_token(entry.key)] = time.monotonic()
         finally:
             await watcher.stop()
