@@ -213,8 +213,8 @@ def projections(layout: Layout) -> NatsUser:
 
 def person(layout: Layout, user: str, *, reads_all_events: bool, operates: bool) -> NatsUser:
     """A person (or a tool): commands and queries under its own name, its own outcomes;
-    the event log itself only when the policy lets it read every namespace (a narrower
-    reader asks the read service, which filters)."""
+    the event log itself only when the policy lets it change every VM (anyone else asks the
+    read service, which filters by namespace and redacts cloud-init secrets)."""
     api, p, token = _Api(layout), layout.prefix, encode_token(user)
     outcomes = layout.outcomes_bucket
     publish = [f"{p}.cmd.{token}.>", f"{layout.query_root}.{token}.>", *_COMMON,
@@ -277,7 +277,10 @@ def users_for(layout: Layout, policy: Policy, nodes: Iterable[str]) -> list[Nats
             raise InvalidSpec(f"subjects[{user!r}]", "a user name must be a DNS-1123 label "
                               f"other than {', '.join(ROLE_USERS)} and not start with "
                               f"{NODE_USER_PREFIX!r}")
-        everywhere = policy.namespaces(user, "get", KUBEVIRT_GROUP, "virtualmachines") is None
+        # The log holds cloud-init secrets in clear: only who may change every VM (and so
+        # could read them back by writing them) reads it directly; others ask the read
+        # service, which filters and redacts.
+        everywhere = policy.namespaces(user, "patch", KUBEVIRT_GROUP, "virtualmachines") is None
         people.append(person(layout, user, reads_all_events=everywhere,
                              operates=policy.allows(user, OPERATING)))
     return [admin(layout), controlplane(layout), projections(layout), *people,
