@@ -159,7 +159,46 @@ def recorded_outcome(marker: Event, sequence: int) -> Outcome | None:
             return None
 
 
-NodeVerb = Literal["launch", "stop", "pause", "unpause", "restart"]
+NodeVerb = Literal["launch", "stop", "pause", "unpause", "restart", "migrate-prepare",
+                   "migrate", "migrate-abort", "migrate-finish", "migrate-cleanup"]
+"""The migration verbs, in a migration's order (see `MigrationOrder`):
+
+| verb            | node   | dispatched on                 | the agent                           |
+|-----------------|--------|-------------------------------|-------------------------------------|
+| migrate-prepare | target | the target chosen (Scheduled) | checks it can take the guest, keeps |
+|                 |        |                               | the order, reports `target-ready`   |
+| migrate         | source | TargetReady                   | transfers memory, reports `running`,|
+|                 |        |                               | `progress`, then `converged` (the   |
+|                 |        |                               | guest still runs here) or `failed`  |
+| migrate-abort   | source | the migration Failed          | stops the transfer; the guest stays |
+| migrate-finish  | target | Succeeded (nodeName = target) | starts the guest here               |
+| migrate-cleanup | source | Succeeded                     | removes its copy, reporting nothing |
+|                 | target | Failed                        | forgets the order                   |
+
+The log decides: the guest moves only when the control plane appends Succeeded, and each
+side's work after that is idempotent, so a crash anywhere leaves it in one place."""
+
+
+SIMULATED_DIRTY_RATE_ANNOTATION: Final = "virtbus.io/simulated-dirty-rate"
+"""On the test driver only: how fast the guest dirties memory during a simulated
+migration (a quantity per second, e.g. `64Mi`); absent: the agent's default."""
+
+
+class MigrationOrder(msgspec.Struct, frozen=True, kw_only=True):
+    """One migration as both of its agents need it; limits from the effective KubeVirt
+    configuration when the target was chosen (`0` bandwidth: unlimited)."""
+
+    uid: str
+    """The VirtualMachineInstanceMigration's uid: reports name it."""
+    name: str
+    source_node: str
+    target_node: str
+    bandwidth_bytes_per_second: int = 0
+    progress_timeout_seconds: int = 150
+    completion_timeout_seconds: int = 0
+    """completionTimeoutPerGiB times the guest's memory in GiB; 0: none."""
+    allow_post_copy: bool = False
+    allow_auto_converge: bool = False
 
 
 class NodeCommand(msgspec.Struct, frozen=True, kw_only=True):
@@ -173,12 +212,14 @@ class NodeCommand(msgspec.Struct, frozen=True, kw_only=True):
     vmi: dict[str, Any] | None = None
     """The VMI (apiVersion/kind/metadata/spec) to launch, in KubeVirt's JSON shape."""
     grace_period_seconds: int = 0
+    migration: MigrationOrder | None = None
+    """For the migration verbs."""
     command_id: str = ""
     """The command that caused the event, and the request it belongs to: for the logs."""
     correlation_id: str = ""
 
 
-ReportKind = Literal["node", "domain"]
+ReportKind = Literal["node", "domain", "migration"]
 
 
 class DomainObservation(msgspec.Struct, frozen=True, kw_only=True):
@@ -197,12 +238,34 @@ class DomainObservation(msgspec.Struct, frozen=True, kw_only=True):
     """Why, when the hypervisor paused it (`PausedIOError`); '' for a user's pause."""
 
 
+MigrationState = Literal["target-ready", "running", "progress", "converged", "failed"]
+MigrationMode = Literal["PreCopy", "PostCopy"]
+
+
+class MigrationObservation(msgspec.Struct, frozen=True, kw_only=True):
+    """What an agent saw of one migration: the target is ready, or the source's transfer
+    (its progress in bytes, converged: ready to switch over, failed: why)."""
+
+    namespace: str
+    name: str
+    """The VMI's."""
+    vmi_uid: str
+    migration_uid: str
+    state: MigrationState
+    mode: MigrationMode = "PreCopy"
+    data_total: int = 0
+    data_processed: int = 0
+    data_remaining: int = 0
+    reason: str = ""
+
+
 class NodeReport(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     node: str
     kind: ReportKind
     info: dict[str, Any] | None = None
     domain: DomainObservation | None = None
+    migration: MigrationObservation | None = None
     correlation_id: str = ""
     """The request whose node work this report answers ("" for what the host did alone)."""
 
