@@ -79,6 +79,12 @@ def _row(kind: str, obj: dict[str, Any]) -> list[str]:
             ready = status.get("phase") == "Running"
             return [meta["name"], age, status.get("phase", ""), status.get("nodeName", ""),
                     str(ready)]
+        case "VirtualMachineInstanceMigration":
+            state, progress = status.get("migrationState", {}), status.get("progress", {})
+            total = progress.get("dataTotalBytes", 0)
+            done = f"{100 * progress.get('dataProcessedBytes', 0) // total}%" if total else ""
+            return [meta["name"], status.get("phase", ""), obj["spec"].get("vmiName", ""),
+                    state.get("sourceNode", ""), state.get("targetNode", ""), done, age]
         case kind if kind in HCO_KINDS:
             return [meta["name"], age]
         case _:
@@ -91,6 +97,8 @@ HEADERS = {
     "VirtualMachine": ["NAME", "AGE", "STATUS", "READY"],
     "VirtualMachineInstance": ["NAME", "AGE", "PHASE", "NODENAME", "READY"],
     "Node": ["NAME", "STATUS", "AGE"],
+    "VirtualMachineInstanceMigration": ["NAME", "PHASE", "VMI", "SOURCE", "TARGET", "PROGRESS",
+                                        "AGE"],
     **{kind: ["NAME", "AGE"] for kind in HCO_KINDS},
 }
 
@@ -197,10 +205,19 @@ async def cmd_watch(args: argparse.Namespace, vb: Client) -> int:
 
 
 async def cmd_history(args: argparse.Namespace, vb: Client) -> int:
-    kind = resolve_kind(args.kind)
-    entries = await vb.history(kind, args.namespace, args.name)
+    if args.correlation:
+        entries = await vb.correlated(args.correlation)
+    elif args.kind and args.name:
+        entries = await vb.history(resolve_kind(args.kind), args.namespace, args.name)
+    else:
+        raise InvalidSpec("history", "needs KIND NAME, or --correlation ID")
     if args.output == "json":
         print(json.dumps(msgspec.to_builtins(entries), indent=2))
+        return 0
+    if args.correlation:
+        rows = [["SEQ", "TIME", "ACTOR", "OBJECT", "EVENT"]]
+        rows += [[str(e.sequence), e.time[:19], e.actor, e.object, e.type] for e in entries]
+        print(table(rows))
         return 0
     rows = [["SEQ", "TIME", "ACTOR", "EVENT", "COMMAND", "CHANGED"]]
     for e in entries:
@@ -302,6 +319,24 @@ def _cordon(verb: str) -> Handler:
         return 0
 
     return handler
+
+
+async def cmd_drain(args: argparse.Namespace, vb: Client) -> int:
+    """kubectl drain: cordon and evict; then a line each time what is left changes, until
+    the node holds nothing evictable (Ctrl-C stops watching, not the drain)."""
+    command = vb.command("Node", "drain", "", args.name)
+    await vb.run(command)
+    print(f"node/{args.name} cordoned; draining (correlation id {command.id})", flush=True)
+    if args.no_wait:
+        return 0
+    last = ""
+    async for progress in vb.drain_progress(args.name):
+        line = progress.describe()
+        if line != last:
+            print(line, flush=True)
+            last = line
+    print(f"node/{args.name} drained")
+    return 0
 
 
 async def dead_letters(vb: Client) -> list[dict[str, Any]]:
@@ -478,7 +513,9 @@ def _readers(sub: Subparsers) -> None:
                           ("restart", "VM {name} was scheduled to restart"),
                           ("pause", "VMI {name} was scheduled to pause"),
                           ("unpause", "VMI {name} was scheduled to unpause"),
-                          ("soft-reboot", "VMI {name} was scheduled to soft reboot")):
+                          ("soft-reboot", "VMI {name} was scheduled to soft reboot"),
+                          ("migrate", "VM {name} was scheduled to migrate"),
+                          ("migrate-cancel", "VM {name} was scheduled to migrate-cancel")):
         s = sub.add_parser(verb, help=f"{verb} a VirtualMachine")
         s.add_argument("name")
         ns(s)
@@ -524,6 +561,12 @@ def _cluster_configuration(sub: Subparsers) -> None:
         c.add_argument("name")
         c.set_defaults(run=_cordon(verb))
 
+    dr = sub.add_parser("drain", help="cordon a node, then evict every VMI by its eviction "
+                                      "strategy, showing progress until it is empty")
+    dr.add_argument("name")
+    dr.add_argument("--no-wait", action="store_true", help="return once the drain is asked")
+    dr.set_defaults(run=cmd_drain)
+
     sub.add_parser("metrics", help="the Prometheus exposition, from the log").set_defaults(
         run=cmd_metrics)
     sub.add_parser("alerts", help="alerts firing now, with labels and since-when").set_defaults(
@@ -544,9 +587,11 @@ def _watchers(sub: Subparsers) -> None:
     ns(w)
     w.set_defaults(run=cmd_watch)
 
-    h = sub.add_parser("history", help="the audit trail of one object")
-    h.add_argument("kind")
-    h.add_argument("name")
+    h = sub.add_parser("history", help="the audit trail of one object, or of one request "
+                                       "across objects (--correlation)")
+    h.add_argument("kind", nargs="?")
+    h.add_argument("name", nargs="?")
+    h.add_argument("--correlation", help="every event this correlation id caused")
     h.add_argument("-o", "--output", choices=["json"])
     ns(h)
     h.set_defaults(run=cmd_history)

@@ -42,17 +42,20 @@ from events.messages import (
     outcome_key,
     recorded_outcome,
 )
+from events.migration import MIGRATION_KIND
 from events.nodes import NODE_KIND
 from events.query import Query, ask
 from events.subjects import DEFAULT_PREFIX, Layout, aggregate_id, split_aggregate_id
 from events.transient import retry_within
 from events.vm import VM_KIND, VMI_KIND
 from projections.cluster import ClusterState
+from projections.eviction import DrainProgress, drain_progress
 from projections.follower import follow, read_event, start_sequence_at
 from projections.service import render, render_view
 
 KIND_TOKENS = {"VirtualMachine": VM_KIND, "VirtualMachineInstance": VMI_KIND, "Node": NODE_KIND,
-               HCO_API_KIND: HCO_KIND, **OPERAND_TOKENS}
+               "VirtualMachineInstanceMigration": MIGRATION_KIND, HCO_API_KIND: HCO_KIND,
+               **OPERAND_TOKENS}
 CLUSTER_SCOPED = frozenset({"Node", HCO_API_KIND, *OPERAND_TOKENS})
 """Kinds whose aggregates are cluster-scoped: their namespace is not part of the id."""
 
@@ -95,6 +98,8 @@ class HistoryEntry(msgspec.Struct, frozen=True):
     command_id: str
     correlation_id: str
     changes: list[dict[str, Any]]
+    object: str = ""
+    """The aggregate (`kind.namespace.name`), where entries span objects."""
 
 
 async def _quiet(_error: Exception) -> None:
@@ -362,6 +367,42 @@ class Client:
             stop.set()
             await task
 
+    async def drain_progress(self, node: str) -> AsyncIterator[DrainProgress]:
+        """How a node's drain goes, from now (the log replayed up to its end first) until it
+        is over: a new value each time what it still holds changes."""
+        caught_up = int((await self.js.stream_info(self.layout.events_stream)).state.last_seq)
+        state = ClusterState()
+        queue: asyncio.Queue[DrainProgress] = asyncio.Queue()
+        last: DrainProgress | None = None
+
+        async def on_event(seq: int, event: Event) -> None:
+            nonlocal last
+            state.apply(event, seq)
+            if seq < caught_up:
+                return
+            progress = drain_progress(state, node)
+            if progress != last:
+                last = progress
+                await queue.put(progress)
+
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(follow(self.nc, self.layout, on_event, stop=stop))
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    task.result()
+                    return
+                progress = getter.result()
+                yield progress
+                if progress.done:
+                    return
+        finally:
+            stop.set()
+            await task
+
     async def _first(self, since: int | datetime | None) -> int:
         if since is None:
             last = await self.js.stream_info(self.layout.events_stream)
@@ -369,6 +410,22 @@ class Client:
         if isinstance(since, int):
             return since
         return await start_sequence_at(self.nc, self.layout, since)
+
+    async def correlated(self, correlation_id: str) -> list[HistoryEntry]:
+        """Every event one request caused, across objects, in log order: a drain's cordon,
+        its migrations and evictions, and their VMIs' moves. (A scan of the log.)"""
+        msgs = await read_all(self.nc, self.layout.events_stream, self.layout.events_filter())
+        out: list[HistoryEntry] = []
+        for msg in msgs:
+            event = read_event(msg)
+            if event is None or event.correlation_id != correlation_id:
+                continue
+            out.append(HistoryEntry(
+                sequence=sequence(msg), time=event.timestamp.isoformat(), actor=event.actor,
+                type=event.TYPE, command_id=event.causation_id,
+                correlation_id=event.correlation_id, changes=[],
+                object=str(event.originator_id)))
+        return out
 
     async def history(self, kind: str, namespace: str, name: str) -> list[HistoryEntry]:
         """Every event of one object, with who caused it and what changed (a JSON Patch of

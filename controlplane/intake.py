@@ -338,5 +338,11 @@ def report_command(report: NodeReport) -> Command | None:
                            verb="observe", namespace=obs.namespace, name=obs.name,
                            manifest=msgspec.to_builtins(obs),
                            correlation_id=report.correlation_id)
+        case "migration" if report.migration is not None:
+            seen = report.migration  # named by its VMI: the VMI knows its migration
+            return Command(id=command_id, actor=actor, kind="VirtualMachineInstanceMigration",
+                           verb="observe", namespace=seen.namespace, name=seen.name,
+                           manifest=msgspec.to_builtins(seen),
+                           correlation_id=report.correlation_id)
         case _:
             return None

@@ -29,6 +29,8 @@ from controlplane.defaults import (
     NODE_MONITOR_GRACE_SECONDS,
     NODE_MONITOR_PERIOD_SECONDS,
 )
+from controlplane.drain.controller import EvacuationController
+from controlplane.migration.controller import MigrationController
 from controlplane.writer import Writer
 from events.aio import pause_unless_stopped
 from events.codec import Event
@@ -54,7 +56,8 @@ class ControlLoop:
         self.layout = layout
         self.writer = writer
         self.state = ClusterState()
-        self.controllers: list[Controller] = [VMController(), Scheduler(), HCOController()]
+        self.controllers: list[Controller] = [VMController(), Scheduler(), HCOController(),
+                                              MigrationController(), EvacuationController()]
         self.dispatcher = Dispatcher(nc, layout)
         self.lifecycle = NodeLifecycle(nc, layout, node_grace_seconds)
         self.live = asyncio.Event()

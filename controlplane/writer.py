@@ -15,7 +15,9 @@ from typing import Any
 
 from nats.aio.client import Client
 
+import controlplane.drain.commands
 import controlplane.hco_commands
+import controlplane.migration.commands
 import controlplane.node_commands
 import controlplane.vm_commands
 import controlplane.vmi_commands
@@ -25,7 +27,8 @@ from events.messages import Command
 from events.subjects import Layout
 
 HANDLER_MODULES = (controlplane.vm_commands, controlplane.vmi_commands,
-                   controlplane.node_commands, controlplane.hco_commands)
+                   controlplane.node_commands, controlplane.hco_commands,
+                   controlplane.migration.commands, controlplane.drain.commands)
 """Imported for their `@handles` registrations."""
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import events.hco
 import events.messages
+import events.migration
 import events.nodes
 import events.vm
 
-MODULES = (events.messages, events.nodes, events.vm, events.hco)
+MODULES = (events.messages, events.nodes, events.vm, events.hco, events.migration)

@@ -58,3 +58,14 @@ class NodeCordoned(Event, frozen=True, kw_only=True):
 @event_type("NodeUncordoned")
 class NodeUncordoned(Event, frozen=True, kw_only=True):
     pass
+
+
+@event_type("NodeDrainRequested")
+class NodeDrainRequested(Event, frozen=True, kw_only=True):
+    """`drain`: the node is cordoned and every VMI on it evicted by its eviction strategy;
+    the drain's correlation id is on every migration and eviction it causes."""
+
+
+@event_type("NodeDrained")
+class NodeDrained(Event, frozen=True, kw_only=True):
+    """The drain is over: the node holds nothing it can evict."""

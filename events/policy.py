@@ -173,9 +173,9 @@ _ACTIONS: Final = {"start": "virtualmachines/start", "stop": "virtualmachines/st
 
 _OBJECT_VERBS: Final = {"apply": "patch", "create": "create", "delete": "delete",
                         "label": "patch", "taint": "patch", "cordon": "patch",
-                        "uncordon": "patch"}
-"""kubectl's requests: `apply` (server side), `label`, `taint`, `cordon` and `uncordon` are
-each a `patch` of the object."""
+                        "uncordon": "patch", "drain": "patch"}
+"""kubectl's requests: `apply` (server side), `label`, `taint`, `cordon`, `uncordon` and
+`drain` (which cordons, then evicts) are each a `patch` of the object."""
 
 
 def resource_of(kind: str) -> tuple[str, str]:
@@ -195,6 +195,8 @@ def command_request(kind: str, verb: str, namespace: str, manifest: object = Non
         namespace = inner if isinstance(inner, str) and inner else DEFAULT_NAMESPACE
     if verb in _ACTIONS:
         return Request("update", SUBRESOURCES_GROUP, _ACTIONS[verb], namespace)
+    if verb == "migrate-cancel":  # virtctl deletes the VMI's migration
+        return Request("delete", *resource_of("VirtualMachineInstanceMigration"), namespace)
     group, resource = resource_of(kind)
     return Request(_OBJECT_VERBS.get(verb, verb), group, resource, namespace)
 

@@ -12,10 +12,13 @@ import msgspec
 from events.api.resources import DEFAULT_TUNING, ClusterTuning, vmi_resources
 from events.api.vm import API_VERSION
 from events.codec import Event
+from events.migration import MIGRATION_KIND
 from events.nodes import NODE_KIND
 from events.subjects import aggregate_id
 from events.vm import PAUSED_MESSAGES, VM_KIND, VMI_KIND
 from projections.hco import HCO_VIEW_KINDS
+from projections.migratable import not_migratable
+from projections.migration import MigrationView, render_migration_state
 from projections.views import (
     NodeView,
     View,
@@ -31,6 +34,7 @@ VIEW_KINDS: dict[str, type[View]] = {
     VM_KIND: VirtualMachineView,
     VMI_KIND: VirtualMachineInstanceView,
     NODE_KIND: NodeView,
+    MIGRATION_KIND: MigrationView,
     **HCO_VIEW_KINDS,
 }
 
@@ -98,6 +102,9 @@ class ClusterState:
     def nodes(self) -> Iterator[NodeView]:
         return self._all(NodeView)
 
+    def migrations(self) -> Iterator[MigrationView]:
+        return self._all(MigrationView)
+
     def vmis_on(self, node: str) -> list[VirtualMachineInstanceView]:
         return [v for v in self.vmis() if v.node == node and v.active]
 
@@ -162,6 +169,18 @@ def pod_scheduled_condition(vmi: VirtualMachineInstanceView) -> list[dict[str, A
              "lastTransitionTime": iso(vmi.unschedulable_at)}]
 
 
+def live_migratable_condition(vmi: VirtualMachineInstanceView) -> list[dict[str, Any]]:
+    """KubeVirt's `LiveMigratable` condition, True or False with the reason."""
+    if vmi.spec is None:
+        return []
+    refused = not_migratable(vmi.spec, vmi.metadata.annotations)
+    if refused is None:
+        return [{"type": "LiveMigratable", "status": "True", "lastProbeTime": None,
+                 "lastTransitionTime": None}]
+    return [{"type": "LiveMigratable", "status": "False", "lastProbeTime": None,
+             "lastTransitionTime": None, "reason": refused.reason, "message": refused.message}]
+
+
 def render_vm(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) -> dict[str, Any]:
     ready = vmi is not None and vmi.phase == "Running" and vmi.deletion_requested_at is None
     status: dict[str, Any] = {
@@ -209,10 +228,15 @@ def render_vmi(vmi: VirtualMachineInstanceView) -> dict[str, Any]:
             "type": "Ready",
             "status": "True" if vmi.phase == "Running" else "False",
             "lastTransitionTime": iso(vmi.updated_at),
-        }, *paused_condition(vmi), *pod_scheduled_condition(vmi)],
+        }, *paused_condition(vmi), *pod_scheduled_condition(vmi),
+            *live_migratable_condition(vmi)],
     }
     if vmi.node:
         status["nodeName"] = vmi.node
+    if vmi.migration is not None:
+        status["migrationState"] = render_migration_state(vmi.migration)
+    if vmi.evacuation_node:
+        status["evacuationNodeName"] = vmi.evacuation_node
     if vmi.reason:
         status["reason"] = vmi.reason
     return {

@@ -11,6 +11,8 @@ KINDS: Final = {
     "VirtualMachine": ("vm", "vms", "virtualmachine", "virtualmachines"),
     "VirtualMachineInstance": ("vmi", "vmis", "virtualmachineinstance",
                                "virtualmachineinstances"),
+    "VirtualMachineInstanceMigration": ("vmim", "vmims", "virtualmachineinstancemigration",
+                                        "virtualmachineinstancemigrations"),
     "Node": ("node", "nodes", "no"),
     "HyperConverged": ("hco", "hcos", "hyperconverged", "hyperconvergeds"),
     "KubeVirt": ("kubevirt", "kubevirts", "kv", "kvs"),

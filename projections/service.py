@@ -30,6 +30,7 @@ from projections.cluster import ClusterState, render_node, render_vm, render_vmi
 from projections.follower import follow, head
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY, answer, cluster_tuning
 from projections.hco import render_view as render_hco_view
+from projections.migration import MigrationView, render_migration
 from projections.views import NodeView, View, VirtualMachineInstanceView, VirtualMachineView
 
 log = structlog.get_logger(__name__)
@@ -61,6 +62,11 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
                 meta = vmi.metadata
                 if _matches(query, meta.namespace, meta.name):
                     out.append(render_vmi(vmi))
+        case "VirtualMachineInstanceMigration":
+            for migration in state.migrations():
+                meta = migration.metadata
+                if _matches(query, meta.namespace, meta.name):
+                    out.append(migration_object(state, migration))
         case "Node":
             tuning = cluster_tuning(state)
             for node in state.nodes():
@@ -82,6 +88,12 @@ def node_object(state: ClusterState, node: NodeView,
     return render_node(node, usage)
 
 
+def migration_object(state: ClusterState, migration: MigrationView) -> dict[str, Any]:
+    """A migration with its VMI's migrationState, when the VMI's last migration is this."""
+    vmi = state.vmi(migration.metadata.namespace, migration.vmi_name)
+    return render_migration(migration, vmi.migration if vmi is not None else None)
+
+
 def render_view(state: ClusterState, view: View) -> dict[str, Any] | None:
     """Any one view in its API shape (what `watch` and `history` show); None once deleted."""
     if not view.exists:
@@ -94,6 +106,8 @@ def render_view(state: ClusterState, view: View) -> dict[str, Any] | None:
             return render_vmi(view)
         case NodeView():
             return node_object(state, view)
+        case MigrationView():
+            return migration_object(state, view)
     return render_hco_view(state, view)
 
 

@@ -32,8 +32,16 @@ from events.api.scheduling import (
 )
 from events.api.vm import VirtualMachineInstanceSpec, VirtualMachineSpec
 from events.codec import Event
+from events.migration import (
+    VirtualMachineInstanceEvacuationRequested,
+    VirtualMachineInstanceMigrated,
+    VirtualMachineInstanceMigrationFailed,
+    VirtualMachineInstanceMigrationStarted,
+)
 from events.nodes import (
     NodeCordoned,
+    NodeDrained,
+    NodeDrainRequested,
     NodeInfoChanged,
     NodeLabelsChanged,
     NodeNotReady,
@@ -161,6 +169,26 @@ class VirtualMachineView(View):
                 self.exists = False
 
 
+class MigrationState(msgspec.Struct, frozen=True, kw_only=True):
+    """A VMI's `status.migrationState`: its last migration, as KubeVirt shows it."""
+
+    migration_uid: str
+    migration_name: str
+    source_node: str
+    target_node: str
+    start: datetime
+    end: datetime | None = None
+    completed: bool = False
+    failed: bool = False
+    failure_reason: str = ""
+    abort_status: str = ""
+    mode: str = ""
+
+    @property
+    def in_flight(self) -> bool:
+        return self.end is None
+
+
 class VirtualMachineInstanceView(View):
     def __init__(self, aggregate_id: str) -> None:
         super().__init__(aggregate_id)
@@ -181,6 +209,15 @@ class VirtualMachineInstanceView(View):
         self.unschedulable_message = ""
         """Why no node fits (kube-scheduler's message) while Pending; '' otherwise."""
         self.unschedulable_at: datetime | None = None
+        self.migration: MigrationState | None = None
+        self.evacuation_node = ""
+        """`status.evacuationNodeName`: a drain wants the VMI off that node."""
+
+    @property
+    def migration_target(self) -> str:
+        """The node a migration in flight holds resources on, besides `node`; '' if none."""
+        m = self.migration
+        return m.target_node if m is not None and m.in_flight else ""
 
     @property
     def active(self) -> bool:
@@ -200,6 +237,7 @@ class VirtualMachineInstanceView(View):
                 self.created_at, self.deletion_requested_at = event.timestamp, None
                 self.transitions, self.paused_reason, self.paused_at = [], "", None
                 self.unschedulable_message, self.unschedulable_at = "", None
+                self.migration, self.evacuation_node = None, ""
                 self._phase("Pending", event.timestamp)
             case VirtualMachineInstanceUnschedulable(message=message):
                 if not self.unschedulable_message:
@@ -221,6 +259,28 @@ class VirtualMachineInstanceView(View):
                 self.deletion_requested_at, self.grace_period_seconds = event.timestamp, grace
             case VirtualMachineInstanceDeleted():
                 self.exists = False
+            case VirtualMachineInstanceMigrationStarted():
+                self.migration = MigrationState(
+                    migration_uid=event.migration_uid, migration_name=event.migration_name,
+                    source_node=event.source_node, target_node=event.target_node,
+                    start=event.timestamp)
+            case VirtualMachineInstanceMigrated(node=node, mode=mode):
+                if self.migration is None:
+                    self.ignore(event, "a migration that never started")
+                    return
+                self.migration = msgspec.structs.replace(
+                    self.migration, end=event.timestamp, completed=True, mode=mode,
+                    abort_status="Failed" if event.aborting_failed else "")
+                self.node, self.evacuation_node = node, ""
+            case VirtualMachineInstanceMigrationFailed(reason=reason, aborted=aborted):
+                if self.migration is None:
+                    self.ignore(event, "a migration that never started")
+                    return
+                self.migration = msgspec.structs.replace(
+                    self.migration, end=event.timestamp, failed=True, failure_reason=reason,
+                    abort_status="Succeeded" if aborted else "")
+            case VirtualMachineInstanceEvacuationRequested(node=node):
+                self.evacuation_node = node
 
     def _phase(self, phase: str, at: datetime) -> None:
         self.phase = phase
@@ -241,6 +301,8 @@ class NodeView(View):
         """The operator's labels (`label node`); they outlive the agent registering again."""
         self.taints: list[Taint] = []
         self.unschedulable = False
+        self.draining = False
+        """A drain is under way (from `drain` until it ends or the node is uncordoned)."""
 
     @property
     def name(self) -> str:
@@ -292,7 +354,11 @@ class NodeView(View):
             case NodeCordoned():
                 self.unschedulable = True
             case NodeUncordoned():
-                self.unschedulable = False
+                self.unschedulable, self.draining = False, False
+            case NodeDrainRequested():
+                self.unschedulable, self.draining = True, True
+            case NodeDrained():
+                self.draining = False
 
 
 _GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x"}

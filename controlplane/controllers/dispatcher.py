@@ -10,6 +10,17 @@ copy; past the window, the agent's own idempotence (domains by name) still holds
 | VirtualMachineInstanceScheduled         | launch on that node              |
 | VirtualMachineInstanceDeletionRequested | stop (with grace) where it runs  |
 | VirtualMachineInstanceNodeAction        | pause / unpause / restart        |
+| MigrationTargetScheduled                | migrate-prepare on the target    |
+| MigrationPhaseChanged TargetReady       | migrate on the source            |
+| MigrationAbortRequested (transferring)  | migrate-abort on the source      |
+| MigrationPhaseChanged Succeeded         | migrate-finish on the target,    |
+|                                         | migrate-cleanup on the source    |
+| MigrationPhaseChanged Failed            | migrate-abort on the source (if  |
+|                                         | it was told to migrate), migrate-|
+|                                         | cleanup on the target            |
+
+An event that makes work for two nodes publishes one message per node, each with the
+event's id and the verb as its `Nats-Msg-Id`.
 """
 
 from __future__ import annotations
@@ -24,7 +35,12 @@ from nats.js.kv import KeyValue
 
 from events.api.vm import API_VERSION
 from events.codec import Event
-from events.messages import NodeCommand
+from events.messages import NodeCommand, NodeVerb
+from events.migration import (
+    MigrationAbortRequested,
+    MigrationPhaseChanged,
+    MigrationTargetScheduled,
+)
 from events.subjects import Layout
 from events.vm import (
     VirtualMachineInstanceDeletionRequested,
@@ -32,6 +48,7 @@ from events.vm import (
     VirtualMachineInstanceScheduled,
 )
 from projections.cluster import ClusterState
+from projections.migration import MigrationView
 from projections.views import VirtualMachineInstanceView
 
 log = structlog.get_logger(__name__)
@@ -62,14 +79,15 @@ class Dispatcher:
     async def on_event(self, sequence: int, event: Event, state: ClusterState) -> None:
         if sequence <= self.position:
             return
-        command = self.node_command(event, state)
-        if command is not None:
-            node, verb, body = command
+        work = self.node_commands(event, state)
+        for node, verb, body in work:
             subject = self.layout.node_subject(node, verb)
-            await self.js.publish(subject, _encode(body), headers={"Nats-Msg-Id": str(event.id)})
+            msg_id = str(event.id) if len(work) == 1 else f"{event.id}:{verb}"
+            await self.js.publish(subject, _encode(body), headers={"Nats-Msg-Id": msg_id})
             log.info("dispatched", node=node, verb=verb, vmi=body.name,
                      namespace=body.namespace, event_sequence=sequence,
                      correlation_id=event.correlation_id, command_id=event.causation_id)
+        if work:
             await self._save(sequence)
         self.position = sequence
 
@@ -82,30 +100,73 @@ class Dispatcher:
         await self._checkpoints.put(CHECKPOINT_KEY, str(sequence).encode())
 
     @staticmethod
-    def node_command(event: Event, state: ClusterState) -> tuple[str, str, NodeCommand] | None:
+    def node_commands(event: Event, state: ClusterState) -> list[tuple[str, str, NodeCommand]]:
         view = state.views.get(event.originator_id)
+        if isinstance(view, MigrationView):
+            return _migration_work(event, view, state)
         if not isinstance(view, VirtualMachineInstanceView) or view.spec is None:
-            return None
-        meta = view.metadata
-        common: dict[str, Any] = {"event_id": str(event.id), "namespace": meta.namespace,
-                                  "name": meta.name, "uid": view.uid,
-                                  "command_id": event.causation_id,
-                                  "correlation_id": event.correlation_id}
+            return []
+        common = _common(event, view)
         match event:
             case VirtualMachineInstanceScheduled(node=node):
-                vmi = {"apiVersion": API_VERSION, "kind": "VirtualMachineInstance",
-                       "metadata": {"name": meta.name, "namespace": meta.namespace,
-                                    "uid": view.uid},
-                       "spec": msgspec.to_builtins(view.spec)}
-                return node, "launch", NodeCommand(verb="launch", vmi=vmi, **common)
+                return [(node, "launch", NodeCommand(verb="launch", vmi=vmi_manifest(view),
+                                                     **common))]
             case VirtualMachineInstanceDeletionRequested(grace_period_seconds=grace):
                 if not view.node:
-                    return None
-                return view.node, "stop", NodeCommand(verb="stop", grace_period_seconds=grace,
-                                                      **common)
+                    return []
+                return [(view.node, "stop", NodeCommand(verb="stop", grace_period_seconds=grace,
+                                                        **common))]
             case VirtualMachineInstanceNodeAction(action=action):
                 if not view.node:
-                    return None
-                return view.node, action, NodeCommand(verb=action, **common)
+                    return []
+                return [(view.node, action, NodeCommand(verb=action, **common))]
             case _:
-                return None
+                return []
+
+
+def _common(event: Event, vmi: VirtualMachineInstanceView) -> dict[str, Any]:
+    meta = vmi.metadata
+    return {"event_id": str(event.id), "namespace": meta.namespace, "name": meta.name,
+            "uid": vmi.uid, "command_id": event.causation_id,
+            "correlation_id": event.correlation_id}
+
+
+def vmi_manifest(vmi: VirtualMachineInstanceView) -> dict[str, Any]:
+    """The VMI as an agent needs it to run the guest, in KubeVirt's JSON shape."""
+    meta = vmi.metadata
+    metadata: dict[str, Any] = {"name": meta.name, "namespace": meta.namespace, "uid": vmi.uid}
+    if meta.annotations:
+        metadata["annotations"] = dict(meta.annotations)
+    return {"apiVersion": API_VERSION, "kind": "VirtualMachineInstance", "metadata": metadata,
+            "spec": msgspec.to_builtins(vmi.spec)}
+
+
+def _migration_work(event: Event, migration: MigrationView,
+                    state: ClusterState) -> list[tuple[str, str, NodeCommand]]:
+    """The node work a migration's step makes (see the table above)."""
+    order = migration.order
+    vmi = state.vmi(migration.metadata.namespace, migration.vmi_name)
+    if order is None or vmi is None or vmi.spec is None or vmi.uid != migration.vmi_uid:
+        return []
+    common = {**_common(event, vmi), "migration": order}
+    transferring = any(phase == "TargetReady" for phase, _ in migration.transitions)
+
+    def work(node: str, verb: NodeVerb, with_vmi: bool = False) -> tuple[str, str, NodeCommand]:
+        manifest = vmi_manifest(vmi) if with_vmi else None
+        return node, verb, NodeCommand(verb=verb, vmi=manifest, **common)
+
+    match event:
+        case MigrationTargetScheduled():
+            return [work(order.target_node, "migrate-prepare", with_vmi=True)]
+        case MigrationPhaseChanged(phase="TargetReady"):
+            return [work(order.source_node, "migrate", with_vmi=True)]
+        case MigrationAbortRequested() if transferring and not migration.finished:
+            return [work(order.source_node, "migrate-abort")]
+        case MigrationPhaseChanged(phase="Succeeded"):
+            return [work(order.target_node, "migrate-finish", with_vmi=True),
+                    work(order.source_node, "migrate-cleanup")]
+        case MigrationPhaseChanged(phase="Failed"):
+            abort = [work(order.source_node, "migrate-abort")] if transferring else []
+            return [*abort, work(order.target_node, "migrate-cleanup")]
+        case _:
+            return []

@@ -247,20 +247,25 @@ class Snapshot:
         self.anti_affinity_placed = False
         """Whether some placed VMI keeps others away: then every decision must look."""
         for vmi in vmis:
-            usage = self.usage.get(vmi.node) if vmi.node else None
-            if usage is None or not vmi.active or vmi.spec is None:
+            if not vmi.active or vmi.spec is None:
                 continue
-            emulation = self.facts[vmi.node].emulation
-            key = (vmi.uid, emulation)
-            ask = asks.get(key)
-            if ask is None:
-                ask = vmi_resources(vmi.spec.domain, emulation=emulation, tuning=tuning)
-            self.asks[key] = ask
-            anti = vmi.spec.affinity.pod_anti_affinity if vmi.spec.affinity else None
-            pod = PodOnNode(vmi.metadata.namespace, vmi.metadata.labels, tuple(
-                anti.required_during_scheduling_ignored_during_execution if anti else ()))
-            usage.add(ask, pod)
-            self.anti_affinity_placed |= bool(pod.anti_affinity)
+            # A migration in flight holds the VMI's resources on its target too, as
+            # KubeVirt's target pod does.
+            for held_on in (vmi.node, vmi.migration_target):
+                usage = self.usage.get(held_on) if held_on else None
+                if usage is None:
+                    continue
+                emulation = self.facts[held_on].emulation
+                key = (vmi.uid, emulation)
+                ask = asks.get(key)
+                if ask is None:
+                    ask = vmi_resources(vmi.spec.domain, emulation=emulation, tuning=tuning)
+                self.asks[key] = ask
+                anti = vmi.spec.affinity.pod_anti_affinity if vmi.spec.affinity else None
+                pod = PodOnNode(vmi.metadata.namespace, vmi.metadata.labels, tuple(
+                    anti.required_during_scheduling_ignored_during_execution if anti else ()))
+                usage.add(ask, pod)
+                self.anti_affinity_placed |= bool(pod.anti_affinity)
 
     def place(self, node: str, demand: Demand) -> None:
         """Count `demand` on `node`: what this pass decides holds from now on."""
