@@ -39,7 +39,9 @@ from events.hco import (
     OperandReverted,
     hco_id,
 )
+from projections import migration_metrics
 from projections.hco_metrics import Alert, HcoMetrics
+from projections.migration import MigrationView
 from projections.views import View, iso, object_meta
 
 if TYPE_CHECKING:
@@ -259,7 +261,9 @@ def answer(state: ClusterState, kind: str, name: str, now: datetime) -> list[dic
     """The read service's answer for an HCO kind, `Metrics` or `Alerts`. Counters come from
     the log alone; only whether an alert still fires depends on `now`."""
     if kind == METRICS_QUERY:
-        return [{"text": metrics(state).exposition().decode()}]
+        migrations = [v for v in state.views.values() if isinstance(v, MigrationView)]
+        text = metrics(state).exposition() + migration_metrics.exposition(migrations)
+        return [{"text": text.decode()}]
     if kind == ALERTS_QUERY:
         return [render_alert(alert) for alert in metrics(state).alerts(now)]
     return [o for o in render_kind(state, kind) if not name or o["metadata"]["name"] == name]

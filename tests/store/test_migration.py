@@ -5,11 +5,14 @@ and refusals as KubeVirt words them."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 from controlplane.controllers.dispatcher import Dispatcher
+from events.codec import decode
 from events.messages import Command
 from events.migration import VirtualMachineInstanceMigrated
-from projections.cluster import render_vmi
+from projections.cluster import ClusterState, render_vmi
+from projections.hco import METRICS_QUERY, answer
 from projections.service import migration_object
 from tests.store.helpers import SyncHandler, run
 from tests.store.migration_helpers import MIGRATION, MigratingCluster
@@ -226,3 +229,25 @@ def test_a_lost_source_node_fails_the_migration(handler: SyncHandler) -> None:
     m = c.migration_of("web")
     assert (m.phase, m.reason) == ("Failed", f"the source node {source} is NotReady")
     assert c.migration_state("web")["failed"] is True
+
+
+def test_migration_metrics_are_functions_of_the_log(handler: SyncHandler) -> None:
+    c = cluster(handler)
+    c.running("web")
+    c.running("db")
+    for name in ("web", "db"):
+        c.user("VirtualMachineInstance", "migrate", name)
+    c.settle()
+    c.report("web", "target-ready")
+    c.report("web", "converged", data_total=64)
+    text = answer(c.state, METRICS_QUERY, "", datetime.now(UTC))[0]["text"]
+    web = c.migration_of("web").metadata.name
+    assert f'kubevirt_vmi_migration_succeeded{{namespace="default",vmi="web",vmim="{web}"}} 1.0' \
+        in text
+    assert "kubevirt_vmi_migrations_in_scheduling_phase 1.0" in text  # db, preparing
+    assert f'kubevirt_vmi_migration_data_total_bytes{{namespace="default",vmi="web",' \
+           f'vmim="{web}"}} 64.0' in text
+    replayed = ClusterState()
+    for stored in handler.recorder.select_notifications(1, 10_000):
+        replayed.apply(decode(stored.topic, stored.state), stored.id)
+    assert answer(replayed, METRICS_QUERY, "", datetime.now(UTC))[0]["text"] == text
