@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from typing import Final
 
 import structlog
@@ -31,6 +32,7 @@ from controlplane.defaults import (
 )
 from controlplane.drain.controller import EvacuationController
 from controlplane.migration.controller import MigrationController
+from controlplane.workloadupdate.controller import WorkloadUpdater
 from controlplane.writer import Writer
 from events.aio import pause_unless_stopped
 from events.codec import Event
@@ -56,8 +58,10 @@ class ControlLoop:
         self.layout = layout
         self.writer = writer
         self.state = ClusterState()
+        self.workload_updater = WorkloadUpdater()
         self.controllers: list[Controller] = [VMController(), Scheduler(), HCOController(),
-                                              MigrationController(), EvacuationController()]
+                                              MigrationController(), EvacuationController(),
+                                              self.workload_updater]
         self.dispatcher = Dispatcher(nc, layout)
         self.lifecycle = NodeLifecycle(nc, layout, node_grace_seconds)
         self.live = asyncio.Event()
@@ -125,6 +129,8 @@ class ControlLoop:
                 lifecycle.last_seen = dict.fromkeys(lifecycle.last_seen, now)
             else:
                 await self.execute(self.lifecycle.check(self.state))
+                # Eviction batches are due by the clock, not by an event.
+                await self.execute(self.workload_updater.tick(self.state, datetime.now(UTC)))
             last = time.monotonic()
             await pause_unless_stopped(stop, NODE_MONITOR_PERIOD_SECONDS)
 

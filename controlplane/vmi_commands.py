@@ -19,6 +19,7 @@ from events.api.base import ObjectMeta
 from events.api.vm import VirtualMachineInstance
 from events.errors import InvalidSpec
 from events.messages import DomainObservation, node_actor
+from events.nodes import NODE_KIND
 from events.subjects import aggregate_id
 from events.vm import (
     PAUSED_USER_REQUESTED,
@@ -34,7 +35,12 @@ from events.vm import (
     VirtualMachineInstanceUnpaused,
     VirtualMachineInstanceUnschedulable,
 )
-from projections.views import TERMINAL_PHASES, VirtualMachineInstanceView, VirtualMachineView
+from projections.views import (
+    TERMINAL_PHASES,
+    NodeView,
+    VirtualMachineInstanceView,
+    VirtualMachineView,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -57,6 +63,12 @@ class FailBody(msgspec.Struct, frozen=True, kw_only=True):
     """A controller's `fail` (the node under the VMI is lost): why."""
 
     reason: str = ""
+
+
+def agent_version(d: Decision, node: str) -> str:
+    """The version of `node`'s agent, which launches what is placed there now."""
+    view = d.load(aggregate_id(NODE_KIND, "", node), NodeView)
+    return view.state.info.agent_version if view.state.info is not None else ""
 
 
 def load_vmi(d: Decision) -> Aggregate[VirtualMachineInstanceView]:
@@ -114,7 +126,8 @@ def schedule(d: Decision) -> None:
     node = d.body(ScheduleBody).node
     if vmi.state.node or vmi.state.phase != "Pending" or vmi.state.deletion_requested_at:
         raise Rejected("already scheduled or going away")
-    d.trigger(vmi, VirtualMachineInstanceScheduled, node=node)
+    d.trigger(vmi, VirtualMachineInstanceScheduled, node=node,
+              launcher_version=agent_version(d, node))
 
 
 @handles(KIND, "unschedulable", internal=True)
@@ -141,10 +154,15 @@ def fail(d: Decision) -> None:
 
 @handles(KIND, "delete")
 def delete(d: Decision) -> None:
-    vmi = existing_vmi(d)
+    request_deletion(d, existing_vmi(d), d.command.grace_period_seconds)
+
+
+def request_deletion(d: Decision, vmi: Aggregate[VirtualMachineInstanceView],
+                     grace: int | None = None) -> None:
+    """Delete the VMI: its node stops the guest (within `grace`, else the VMI's own grace
+    period), or it is gone at once where nothing runs."""
     if vmi.state.deletion_requested_at is not None:
         return
-    grace = d.command.grace_period_seconds
     if grace is None:
         grace = vmi.state.spec.grace_period_seconds if vmi.state.spec is not None else 0
     d.trigger(vmi, VirtualMachineInstanceDeletionRequested, grace_period_seconds=grace)

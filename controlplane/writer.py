@@ -21,6 +21,7 @@ import controlplane.migration.commands
 import controlplane.node_commands
 import controlplane.vm_commands
 import controlplane.vmi_commands
+import controlplane.workloadupdate.commands
 from controlplane.handling import CommandHandler, Result
 from events.datastore import EventLog
 from events.messages import Command
@@ -28,7 +29,8 @@ from events.subjects import Layout
 
 HANDLER_MODULES = (controlplane.vm_commands, controlplane.vmi_commands,
                    controlplane.node_commands, controlplane.hco_commands,
-                   controlplane.migration.commands, controlplane.drain.commands)
+                   controlplane.migration.commands, controlplane.drain.commands,
+                   controlplane.workloadupdate.commands)
 """Imported for their `@handles` registrations."""
 
 

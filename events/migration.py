@@ -90,6 +90,8 @@ class VirtualMachineInstanceMigrated(Event, frozen=True, kw_only=True):
     """The guest runs on `node` now (the migration's target): `status.nodeName` changes."""
 
     node: str
+    launcher_version: str = ""
+    """The target's agent version: the guest runs under it from now on."""
     mode: MigrationMode = "PreCopy"
     aborting_failed: bool = False
     """An abort had been asked for and came too late."""
@@ -101,6 +103,18 @@ class VirtualMachineInstanceMigrationFailed(Event, frozen=True, kw_only=True):
 
     reason: str
     aborted: bool = False
+
+
+WORKLOAD_UPDATE_KIND: Final = "workloadupdate"
+"""The workload updater's own aggregate (`workloadupdate..cluster`): its eviction batches."""
+
+
+@event_type("WorkloadEvictionBatch")
+class WorkloadEvictionBatch(Event, frozen=True, kw_only=True):
+    """One batch of the workload update strategy's `Evict`: the VMIs (`namespace/name`)
+    evicted together, their deletions in the same atomic append."""
+
+    vmis: list[str]
 
 
 @event_type("VirtualMachineInstanceEvacuationRequested")

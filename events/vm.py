@@ -96,6 +96,8 @@ class VirtualMachineInstanceScheduled(Event, frozen=True, kw_only=True):
     UPCASTERS = {1: _node_name_to_node}
 
     node: str
+    launcher_version: str = ""
+    """The version of the node's agent that will launch it (older logs: unknown, '')."""
 
 
 @event_type("VirtualMachineInstanceUnschedulable")

@@ -12,6 +12,7 @@ from events.logs import configure
 from nodeagent.agent import AgentConfig, NodeAgent
 from nodeagent.converter import defaults
 from nodeagent.defaults import (
+    AGENT_VERSION,
     DEVICE_PLUGIN_CAPACITY,
     REDISCOVERY_INTERVAL_SECONDS,
     TEST_HOST_CPU_MODEL,
@@ -68,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="where disk images (containerDisk, PVC, emptyDisk) are resolved")
     p.add_argument("--rediscovery-interval", type=float, default=REDISCOVERY_INTERVAL_SECONDS,
                    help="seconds between host discoveries; reported only on change")
+    p.add_argument("--agent-version", default=AGENT_VERSION,
+                   help="the version this agent reports; VMIs an older one launched are "
+                        "outdated and the workload update strategy moves them")
     sub.add_parser("domxml", help="print the domain XML of a VMI/VM manifest (-f FILE)")
     args = parser.parse_args(argv)
     configure()
@@ -77,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                       libvirt_uri=args.libvirt_uri, kvm_devices=args.kvm_devices,
                       tun_devices=args.tun_devices, host_cpu_model=args.host_cpu_model,
                       disk_dir=args.disk_dir, rediscovery_seconds=args.rediscovery_interval,
-                      sim_state=args.sim_state)
+                      sim_state=args.sim_state, agent_version=args.agent_version)
     try:
         agent = NodeAgent(cfg)
     except SimulationRefused as e:

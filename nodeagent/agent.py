@@ -93,6 +93,7 @@ from nodeagent.converter import defaults as converter_defaults
 from nodeagent.converter.context import domain_name, hypervisor_domain_type
 from nodeagent.converter.identity import VMI_METADATA_TAG
 from nodeagent.defaults import (
+    AGENT_VERSION,
     DEVICE_PLUGIN_CAPACITY,
     DOMAIN_MISSING_REASON,
     DOWNWARD_METRICS_INTERVAL_SECONDS,
@@ -168,6 +169,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     read_service_wait_seconds: float = READ_SERVICE_WAIT_SECONDS
     sim_state: str = ""
     """A file to keep the test driver's host in (`--sim-state`); '' keeps it in memory."""
+    agent_version: str = AGENT_VERSION
 
     @property
     def simulated(self) -> bool:
@@ -219,7 +221,8 @@ class NodeAgent:
         self.host = for_agent(cfg.libvirt_uri, cfg.sim_state)
         cpu_model = cfg.host_cpu_model or (TEST_HOST_CPU_MODEL if cfg.simulated else "")
         self.discovery = DiscoveryConfig(node_name=cfg.node, kvm_devices=cfg.kvm_devices,
-                                         tun_devices=cfg.tun_devices, host_cpu_model=cpu_model)
+                                         tun_devices=cfg.tun_devices, host_cpu_model=cpu_model,
+                                         agent_version=cfg.agent_version)
 
     # -- start-up ----------------------------------------------------------------------
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import Final
 
+AGENT_VERSION: Final = version("virtbus")
+"""What an agent reports as its version unless told otherwise (`--agent-version`)."""
 DEVICE_PLUGIN_CAPACITY: Final = 110
 """kvm and tun devices advertised per node (seed: "an arbitrary default based on the number
 of pods that node is limited to")."""

@@ -26,7 +26,12 @@ from events.api.node import (
     kib_quantity,
 )
 from events.api.resources import KVM_DEVICE, TUN_DEVICE
-from nodeagent.defaults import DEVICE_PLUGIN_CAPACITY, HUGEPAGE_SIZES_KIB, MAX_PODS
+from nodeagent.defaults import (
+    AGENT_VERSION,
+    DEVICE_PLUGIN_CAPACITY,
+    HUGEPAGE_SIZES_KIB,
+    MAX_PODS,
+)
 from nodeagent.hostcpu import CpuMap, cpu_labels, host_cpu, labelled_features, labelled_models
 
 log = structlog.get_logger(__name__)
@@ -47,6 +52,7 @@ class DiscoveryConfig:
     obsolete_cpu_models: frozenset[str] = frozenset()
     min_cpu_model: str = KUBEVIRT_MIN_CPU_MODEL
     host_cpu_model: str = ""
+    agent_version: str = AGENT_VERSION
 
     def device_capacity(self) -> dict[str, int]:
         """Device-plugin resources this node advertises, for the `DeviceLedger`."""
@@ -82,6 +88,7 @@ def discover_host(conn: libvirt.virConnect, cfg: DiscoveryConfig) -> NodeInfo:
         cpu_vendor=host.vendor,
         cpu_models=models,
         cpu_features=features,
+        agent_version=cfg.agent_version,
     )
     log.info("host discovered", node=cfg.node_name, capacity=capacity, cpu_model=host.model)
     return info

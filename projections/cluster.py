@@ -12,13 +12,13 @@ import msgspec
 from events.api.resources import DEFAULT_TUNING, ClusterTuning, vmi_resources
 from events.api.vm import API_VERSION
 from events.codec import Event
-from events.migration import MIGRATION_KIND
+from events.migration import MIGRATION_KIND, WORKLOAD_UPDATE_KIND
 from events.nodes import NODE_KIND
 from events.subjects import aggregate_id
 from events.vm import PAUSED_MESSAGES, VM_KIND, VMI_KIND
 from projections.hco import HCO_VIEW_KINDS
 from projections.migratable import not_migratable
-from projections.migration import MigrationView, render_migration_state
+from projections.migration import MigrationView, WorkloadUpdateView, render_migration_state
 from projections.views import (
     NodeView,
     View,
@@ -35,6 +35,7 @@ VIEW_KINDS: dict[str, type[View]] = {
     VMI_KIND: VirtualMachineInstanceView,
     NODE_KIND: NodeView,
     MIGRATION_KIND: MigrationView,
+    WORKLOAD_UPDATE_KIND: WorkloadUpdateView,
     **HCO_VIEW_KINDS,
 }
 
@@ -209,8 +210,22 @@ def render_vm(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) ->
     }
 
 
-def render_vmi(vmi: VirtualMachineInstanceView) -> dict[str, Any]:
+OUTDATED_LAUNCHER_LABEL = "kubevirt.io/outdatedLauncherImage"
+
+
+def outdated_launcher(state: ClusterState, vmi: VirtualMachineInstanceView) -> bool:
+    """The guest runs under an agent version its node no longer has (an upgrade rolled out
+    since it was launched), as KubeVirt marks a VMI whose launcher image is old."""
+    node = state.node(vmi.node) if vmi.node and vmi.active else None
+    if node is None or node.info is None or not node.info.agent_version:
+        return False
+    return vmi.launcher_version != node.info.agent_version
+
+
+def render_vmi(vmi: VirtualMachineInstanceView, *, outdated: bool = False) -> dict[str, Any]:
     meta = object_meta(vmi, vmi.metadata, vmi.uid)
+    if outdated:
+        meta["labels"] = {**meta.get("labels", {}), OUTDATED_LAUNCHER_LABEL: ""}
     if vmi.owner:
         meta["ownerReferences"] = [{
             "apiVersion": API_VERSION, "kind": "VirtualMachine", "name": vmi.owner,

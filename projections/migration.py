@@ -19,6 +19,7 @@ from events.migration import (
     MigrationTargetScheduled,
     MigrationTargetUnschedulable,
     Priority,
+    WorkloadEvictionBatch,
 )
 from projections.views import MigrationState, View, iso, object_meta
 
@@ -87,6 +88,24 @@ class MigrationView(View):
     def _phase(self, phase: str, at: datetime) -> None:
         self.phase = phase
         self.transitions = [*self.transitions, (phase, at)]
+
+
+class WorkloadUpdateView(View):
+    """The workload updater's eviction batches: when each was, and what it evicted."""
+
+    def __init__(self, aggregate_id: str) -> None:
+        super().__init__(aggregate_id)
+        self.batches: list[tuple[datetime, list[str]]] = []
+
+    @property
+    def last_batch_at(self) -> datetime | None:
+        return self.batches[-1][0] if self.batches else None
+
+    def mutate(self, event: Event) -> None:
+        match event:
+            case WorkloadEvictionBatch(vmis=vmis):
+                self.exists = True
+                self.batches = [*self.batches, (event.timestamp, list(vmis))]
 
 
 def render_migration_state(state: MigrationState) -> dict[str, Any]:

@@ -26,7 +26,13 @@ from events.query import Answer, Query, queries_filter, query_asker
 from events.streams import wait_for_streams
 from events.subjects import Layout
 from projections import http
-from projections.cluster import ClusterState, render_node, render_vm, render_vmi
+from projections.cluster import (
+    ClusterState,
+    outdated_launcher,
+    render_node,
+    render_vm,
+    render_vmi,
+)
 from projections.follower import follow, head
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY, answer, cluster_tuning
 from projections.hco import render_view as render_hco_view
@@ -61,7 +67,7 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
             for vmi in state.vmis():
                 meta = vmi.metadata
                 if _matches(query, meta.namespace, meta.name):
-                    out.append(render_vmi(vmi))
+                    out.append(render_vmi(vmi, outdated=outdated_launcher(state, vmi)))
         case "VirtualMachineInstanceMigration":
             for migration in state.migrations():
                 meta = migration.metadata
@@ -103,7 +109,7 @@ def render_view(state: ClusterState, view: View) -> dict[str, Any] | None:
             meta = view.metadata
             return render_vm(view, state.vmi(meta.namespace, meta.name))
         case VirtualMachineInstanceView():
-            return render_vmi(view)
+            return render_vmi(view, outdated=outdated_launcher(state, view))
         case NodeView():
             return node_object(state, view)
         case MigrationView():

@@ -212,6 +212,8 @@ class VirtualMachineInstanceView(View):
         self.migration: MigrationState | None = None
         self.evacuation_node = ""
         """`status.evacuationNodeName`: a drain wants the VMI off that node."""
+        self.launcher_version = ""
+        """The agent version that launched the guest (or took it in by migration)."""
 
     @property
     def migration_target(self) -> str:
@@ -245,6 +247,7 @@ class VirtualMachineInstanceView(View):
                 self.unschedulable_message = message
             case VirtualMachineInstanceScheduled(node=node):
                 self.node, self.unschedulable_message, self.unschedulable_at = node, "", None
+                self.launcher_version = event.launcher_version
                 self._phase("Scheduled", event.timestamp)
             case VirtualMachineInstancePhaseChanged(phase=phase, reason=reason):
                 self.reason = reason
@@ -272,6 +275,7 @@ class VirtualMachineInstanceView(View):
                     self.migration, end=event.timestamp, completed=True, mode=mode,
                     abort_status="Failed" if event.aborting_failed else "")
                 self.node, self.evacuation_node = node, ""
+                self.launcher_version = event.launcher_version
             case VirtualMachineInstanceMigrationFailed(reason=reason, aborted=aborted):
                 if self.migration is None:
                     self.ignore(event, "a migration that never started")

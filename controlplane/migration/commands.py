@@ -31,6 +31,7 @@ from controlplane.aggregate import Aggregate
 from controlplane.handling import Decision, Rejected, handles
 from controlplane.hco_commands import effective_kubevirt_configuration
 from controlplane.migration.config import migration_config
+from controlplane.vmi_commands import agent_version
 from events.api.base import ObjectMeta
 from events.api.migration import KIND, VirtualMachineInstanceMigration
 from events.messages import MigrationObservation, MigrationOrder, node_actor
@@ -58,6 +59,8 @@ VIRTCTL_NAME_PREFIX: Final = "kubevirt-migrate-vm-"
 """virtctl's generateName for the migration `migrate` creates."""
 EVACUATION_NAME_PREFIX: Final = "kubevirt-evacuation-"
 """KubeVirt's evacuation controller's generateName."""
+WORKLOAD_UPDATE_NAME_PREFIX: Final = "kubevirt-workload-update-"
+"""KubeVirt's workload updater's generateName."""
 _NAMES = uuid.UUID("3f0b8f39-6a55-5c41-9e0a-1d7c2b4e8a90")
 
 
@@ -74,7 +77,7 @@ class FailBody(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class EvacuationBody(msgspec.Struct, frozen=True, kw_only=True):
-    """The evacuation controller's: which VMI leaves which node."""
+    """A controller's (evacuation, workload updater): which VMI leaves which node."""
 
     vmi_name: str
     node: str
@@ -209,11 +212,24 @@ def delete(d: Decision) -> None:
 @handles(KIND, "create-for-evacuation", internal=True)
 def create_for_evacuation(d: Decision) -> None:
     body = d.body(EvacuationBody)
+    create_for(d, body, "evacuation", EVACUATION_NAME_PREFIX,
+               {"kubevirt.io/evacuation": body.node})
+
+
+@handles(KIND, "create-for-workload-update", internal=True)
+def create_for_workload_update(d: Decision) -> None:
+    create_for(d, d.body(EvacuationBody), "workload-update", WORKLOAD_UPDATE_NAME_PREFIX,
+               {"kubevirt.io/workloadUpdateMigration": ""})
+
+
+def create_for(d: Decision, body: EvacuationBody, priority: Priority, prefix: str,
+               labels: dict[str, str]) -> None:
+    """A controller's migration of a VMI off `body.node`, if it is still there."""
     vmi = load_vmi(d, d.command.namespace, body.vmi_name)
     if vmi.state.node != body.node:
-        raise Rejected("the VMI is no longer on the node being drained")
-    create(d, d.command.namespace, generated_name(EVACUATION_NAME_PREFIX, d.command.id),
-           body.vmi_name, priority="evacuation", labels={"kubevirt.io/evacuation": body.node})
+        raise Rejected(f"the VMI is no longer on {body.node}")
+    create(d, d.command.namespace, generated_name(prefix, d.command.id), body.vmi_name,
+           priority=priority, labels=labels)
 
 
 @handles(KIND, "admit", internal=True)
@@ -348,4 +364,5 @@ def succeed(d: Decision, migration: Aggregate[MigrationView], obs: MigrationObse
               data_processed=obs.data_total, data_remaining=0)
     d.trigger(migration, MigrationPhaseChanged, phase="Succeeded")
     d.trigger(vmi, VirtualMachineInstanceMigrated, node=m.target_node, mode=obs.mode,
-              aborting_failed=m.abort_requested)
+              aborting_failed=m.abort_requested,
+              launcher_version=agent_version(d, m.target_node))

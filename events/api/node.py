@@ -54,3 +54,6 @@ class NodeInfo(ApiStruct):
     cpu_vendor: str = ""
     cpu_models: list[str] = []
     cpu_features: list[str] = []
+    agent_version: str = ""
+    """The node agent's version: a VMI launched by an older one is outdated after an
+    upgrade (`kubevirt.io/outdatedLauncherImage`)."""
