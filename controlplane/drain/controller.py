@@ -12,6 +12,9 @@ sets to LiveMigrate on a multi-node cluster and None on a single node).
 | External              | marked (`status.evacuationNodeName`); someone else moves it     |
 
 A VMI with a migration in flight is left to it; one whose migration failed gets a new one.
+The same eviction applies, without a drain, to each VMI that does not tolerate an
+operator's `NoExecute` taint on its node (tolerationSeconds is not honoured: it goes at
+once).
 The drain ends (`NodeDrained`) when the node holds only marked External VMIs, or nothing.
 Every command carries the drain's correlation id, so `virtbus history --correlation ID`
 lists every migration and eviction one drain caused.
@@ -20,6 +23,10 @@ lists every migration and eviction one drain caused.
 from __future__ import annotations
 
 from controlplane.controllers import derived_command
+from controlplane.controllers.scheduler import workload_placement
+from controlplane.scheduling.selectors import tolerates
+from events.api.hco import NodePlacement
+from events.api.scheduling import Taint
 from events.codec import Event
 from events.messages import Command
 from events.migration import MIGRATION_KIND
@@ -43,43 +50,68 @@ class EvacuationController:
         return []
 
     def resync(self, state: ClusterState) -> list[Command]:
-        return [c for node in state.nodes() if node.draining for c in self.drain(state, node)]
+        placement = workload_placement(state)
+        out: list[Command] = []
+        for node in state.nodes():
+            if node.draining:
+                out += self.drain(state, node)
+                continue
+            for vmi in state.vmis_on(node.name):
+                if untolerated_no_execute(node, vmi, placement) is not None:
+                    out += evict(state, vmi, node, node.correlation_id)[0]
+        return out
 
     def drain(self, state: ClusterState, node: NodeView) -> list[Command]:
-        correlation = node.correlation_id
         out: list[Command] = []
         left = 0
         for vmi in state.vmis_on(node.name):
-            meta = vmi.metadata
-
-            def command(kind: str, verb: str, manifest: dict[str, object] | None = None,
-                        vmi: VirtualMachineInstanceView = vmi) -> Command:
-                return derived_command(NAME, kind, verb, vmi.metadata.namespace,
-                                       vmi.metadata.name, vmi.uid, vmi.version,
-                                       manifest=manifest, correlation_id=correlation)
-
-            strategy = eviction_strategy(state, vmi)
-            if strategy == "External":
-                if vmi.evacuation_node != node.name:
-                    out.append(command("VirtualMachineInstance", "evacuate",
-                                       {"node": node.name}))
-                    left += 1
-                continue
-            left += 1
-            if vmi.deletion_requested_at is not None or migrating(state, vmi):
-                continue
-            can_migrate = vmi.spec is not None and not_migratable(
-                vmi.spec, meta.annotations) is None
-            match strategy:
-                case "LiveMigrate" | "LiveMigrateIfPossible" if can_migrate:
-                    out.append(command("VirtualMachineInstanceMigration",
-                                       "create-for-evacuation",
-                                       {"vmi_name": meta.name, "node": node.name}))
-                case "LiveMigrate":
-                    pass  # blocked: `blocked_reason` says why
-                case _:
-                    out.append(command("VirtualMachineInstance", "delete"))
+            commands, stays = evict(state, vmi, node, node.correlation_id)
+            out += commands
+            left += stays
         if not left:
             out.append(derived_command(NAME, "Node", "drained", "", node.name, node.version,
-                                       correlation_id=correlation))
+                                       correlation_id=node.correlation_id))
         return out
+
+
+def untolerated_no_execute(node: NodeView, vmi: VirtualMachineInstanceView,
+                           placement: NodePlacement | None) -> Taint | None:
+    """An operator's NoExecute taint on the node that the VMI (with the cluster's workload
+    placement) does not tolerate: Kubernetes' taint manager evicts such a pod, and KubeVirt
+    turns the eviction into the VMI's eviction strategy. (A NotReady node's taints are the
+    node lifecycle's: its VMIs fail.)"""
+    if vmi.spec is None:
+        return None
+    tolerations = [*vmi.spec.tolerations, *(placement.tolerations if placement else ())]
+    for taint in node.taints:
+        if taint.effect == "NoExecute" and not any(tolerates(t, taint) for t in tolerations):
+            return taint
+    return None
+
+
+def evict(state: ClusterState, vmi: VirtualMachineInstanceView, node: NodeView,
+          correlation: str) -> tuple[list[Command], bool]:
+    """The commands that take `vmi` off `node` by its eviction strategy, and whether it still
+    counts as left there (all but a marked External one do)."""
+    meta = vmi.metadata
+
+    def command(kind: str, verb: str, manifest: dict[str, object] | None = None) -> Command:
+        return derived_command(NAME, kind, verb, meta.namespace, meta.name, vmi.uid,
+                               vmi.version, manifest=manifest, correlation_id=correlation)
+
+    strategy = eviction_strategy(state, vmi)
+    if strategy == "External":
+        if vmi.evacuation_node == node.name:
+            return [], False
+        return [command("VirtualMachineInstance", "evacuate", {"node": node.name})], True
+    if vmi.deletion_requested_at is not None or migrating(state, vmi):
+        return [], True
+    can_migrate = vmi.spec is not None and not_migratable(vmi.spec, meta.annotations) is None
+    match strategy:
+        case "LiveMigrate" | "LiveMigrateIfPossible" if can_migrate:
+            return [command("VirtualMachineInstanceMigration", "create-for-evacuation",
+                            {"vmi_name": meta.name, "node": node.name})], True
+        case "LiveMigrate":
+            return [], True  # blocked: `blocked_reason` says why
+        case _:
+            return [command("VirtualMachineInstance", "delete")], True

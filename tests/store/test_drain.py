@@ -83,3 +83,19 @@ def test_a_failed_evacuation_is_tried_again(handler: SyncHandler) -> None:
     c.settle()
     again = [m for m in c.state.migrations() if m.vmi_name == "web"]
     assert len(again) == 2 and sum(not m.finished for m in again) == 1
+
+
+def test_a_no_execute_taint_evicts_what_does_not_tolerate_it(handler: SyncHandler) -> None:
+    c = MigratingCluster(handler)
+    c.node("n1")
+    c.running("plain", strategy("LiveMigrate"))
+    c.running("tolerant", {**strategy("None"), "tolerations": [
+        {"key": "maintenance", "operator": "Exists", "effect": "NoExecute"}]})
+    c.node("n2")
+    assert c.operator("taint", "n1", add=[{"key": "maintenance", "value": "now",
+                                           "effect": "NoExecute"}]).accepted
+    proposed = c.settle()
+    assert {(cmd.verb, cmd.name) for cmd in proposed if cmd.kind != "Node"} >= {
+        ("create-for-evacuation", "plain")}
+    assert not any(cmd.name == "tolerant" for cmd in proposed)
+    assert c.migration_of("plain").priority == "evacuation"
