@@ -26,7 +26,7 @@ from nodeagent.converter.memory import configure_memory
 from nodeagent.converter.rng import configure_balloon, configure_rng
 from nodeagent.converter.sysinfo import configure_sysinfo
 from nodeagent.converter.tpm import configure_tpm
-from nodeagent.converter.unavailable import refuse_missing_capabilities
+from nodeagent.converter.unavailable import refuse_unmet_needs
 from nodeagent.converter.watchdog import configure_watchdog
 from nodeagent.converter.xmltree import render
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 Configurator = Callable[["VMISpecLike", "ConverterContext", "Element"], None]
 
 CONFIGURATORS: tuple[Configurator, ...] = (
-    refuse_missing_capabilities,
+    refuse_unmet_needs,
     configure_identity,
     configure_memory,
     configure_max_memory,
