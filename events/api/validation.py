@@ -391,6 +391,10 @@ def _validate_devices(devices: Devices, at: str) -> None:
     for index, interface in enumerate(devices.interfaces):
         _interface_name(interface.name, f"{at}.interfaces[{index}].name")
     _unique([i.name for i in devices.interfaces], f"{at}.interfaces[{{}}].name")
+    for index, interface in enumerate(devices.interfaces):
+        bindings = (interface.masquerade, interface.bridge, interface.sriov)
+        _require(sum(b is not None for b in bindings) == 1, f"{at}.interfaces[{index}]",
+                 "must have exactly one binding method: masquerade, bridge or sriov")
     _unique([d.name for d in devices.disks], f"{at}.disks[{{}}].name")
     boot_orders: set[int] = set()
     for index, disk in enumerate(devices.disks):
