@@ -117,6 +117,10 @@ REFUSED = [
         {"name": n, "deviceName": "d", "virtualGPUOptions": {"display": {}}}
         for n in ("a", "b")]},
      f"{DEVICES}.gpus", "multiple displays with ramfb"),
+    ("gpu-without-device-name", {f"{DEVICES}.gpus": [{"name": "g"}]},
+     f"{DEVICES}.gpus[0].deviceName", "is required"),
+    ("host-device-without-device-name", {f"{DEVICES}.hostDevices": [{"name": "h"}]},
+     f"{DEVICES}.hostDevices[0].deviceName", "is required"),
     ("kernel-args-without-kernel", {f"{DOMAIN}.firmware.kernelBoot.kernelArgs": "quiet"},
      f"{DOMAIN}.firmware.kernelBoot.kernelArgs", "without an external kernel"),
     ("kernel-boot-no-path", {f"{DOMAIN}.firmware.kernelBoot.container": {"image": "k"}},
