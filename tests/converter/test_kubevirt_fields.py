@@ -4,10 +4,12 @@ can give a guest fails the conversion (the launch) naming the field."""
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 import msgspec
 import pytest
+import yaml
 
 from controlplane.feature_gates import check_feature_gates
 from events.api.manifest import decode_object
@@ -15,7 +17,7 @@ from events.api.resources import vmi_resources
 from events.api.vm import VirtualMachineInstance
 from events.errors import InvalidSpec
 from nodeagent.converter.unavailable import NotOnThisNode
-from nodeagent.domxml import render_manifest
+from nodeagent.domxml import main_domxml, render_manifest
 from tests.converter.test_validation import DOMAIN, patched
 
 DEVICES = f"{DOMAIN}.devices"
@@ -270,3 +272,14 @@ def test_host_devices_need_their_gate_gpus_do_not() -> None:
         check_feature_gates(host.spec, frozenset(), "spec")
     assert raised.value.field == "spec.domain.devices.hostDevices"
     assert raised.value.rule == "the HostDevices feature gate is not enabled"
+
+
+def test_domxml_says_what_no_node_has(tmp_path: pathlib.Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = tmp_path / "gpu.yaml"
+    manifest.write_text(yaml.safe_dump(patched(ADMITTED_CHANGES["gpus"])))
+    assert main_domxml(["-f", str(manifest)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == ("error: spec.domain.devices.gpus[0]: this node has no "
+                            "'nvidia.com/GP102GL' device to pass through as GPU 'gpu1'\n")
