@@ -11,7 +11,9 @@ Counted and assigned as KubeVirt's iothreads package and disk configurator do, w
 
 Dedicated disks get threads after the pool, one each, in disk order; the others share the
 pool round robin from thread 1. When disks outnumber the pool limit the pool shrinks to
-what the dedicated ones leave (at least 1). Only virtio disks take a thread.
+what the dedicated ones leave (at least 1). Only virtio disks take a thread; a scsi disk
+asking for a dedicated one puts the scsi controller on the pool thread after the last
+shared virtio disk's, with one queue per vCPU (KubeVirt's assignSCSIControllerIOThread).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
-from events.api.resources import quantity
+from events.api.resources import cpu_topology, quantity
 from nodeagent.converter.disks import disk_bus
 from nodeagent.converter.xmltree import sub
 
@@ -91,3 +93,17 @@ def configure_iothreads(spec: VMISpecLike, ctx: ConverterContext, domain: Elemen
         else:
             driver.set("iothread", str(next_shared))
             next_shared = next_shared % plan.shared + 1
+    _place_scsi_controller(spec.domain, plan, domain)
+
+
+def _place_scsi_controller(spec_domain: DomainSpec, plan: ThreadPlan, domain: Element) -> None:
+    disks = spec_domain.devices.disks
+    controller = domain.find("devices/controller[@type='scsi']")
+    wanted = any(disk_bus(d) == "scsi" and d.dedicated_io_thread for d in disks)
+    if controller is None or not wanted or plan.shared == 0:
+        return
+    thread = 1
+    for disk in disks:
+        if disk_bus(disk) == "virtio" and not disk.dedicated_io_thread:
+            thread = thread % plan.shared + 1
+    sub(controller, "driver", iothread=thread, queues=cpu_topology(spec_domain).vcpus)

@@ -50,8 +50,8 @@ CONFIGURATORS: tuple[Configurator, ...] = (
     configure_features,
     configure_clock,
     configure_disks,
-    configure_iothreads,
     configure_controllers,
+    configure_iothreads,
     configure_interfaces,
     configure_console,
     configure_channels,
@@ -63,7 +63,7 @@ CONFIGURATORS: tuple[Configurator, ...] = (
     configure_watchdog,
 )
 """Order matters only within shared parents: `<os>` wants type, loader, nvram, kernel,
-initrd, cmdline, smbios; I/O threads go onto the disks' drivers once they exist."""
+initrd, cmdline, smbios; I/O threads go onto the disks and scsi controller once they exist."""
 
 
 def convert(spec: VMISpecLike, ctx: ConverterContext) -> str:
