@@ -34,7 +34,7 @@ def configure_kernel_boot(spec: VMISpecLike, ctx: ConverterContext, domain: Elem
         for tag, path in (("kernel", container.kernel_path), ("initrd", container.initrd_path)):
             if path:
                 artifact = vmi_path(ctx.disk_dir, ctx.namespace, ctx.name, KERNEL_BOOT_DIR,
-                                    posixpath.basename(path))
+                                    posixpath.basename(path.rstrip("/")))  # Go's filepath.Base
                 sub(os_element, tag, artifact)
     if kernel_boot.kernel_args:
         sub(os_element, "cmdline", kernel_boot.kernel_args)
