@@ -381,11 +381,13 @@ def _validate_devices(devices: Devices, at: str) -> None:
     ]
     _require(len(ramfb_displays) <= 1, f"{at}.gpus",
              f"configuring multiple displays with ramfb is not valid: {ramfb_displays}")
-    for kind, passed in (("gpus", devices.gpus), ("hostDevices", devices.host_devices)):
-        for index, device in enumerate(passed):
-            _require(bool(device.device_name), f"{at}.{kind}[{index}].deviceName",
-                     "is required: the device plugin resource to pass through (DRA claims "
-                     "are not supported)")
+    device_names = [(f"gpus[{i}]", gpu.device_name) for i, gpu in enumerate(devices.gpus)]
+    device_names += [(f"hostDevices[{i}]", host.device_name)
+                     for i, host in enumerate(devices.host_devices)]
+    for where, device_name in device_names:
+        _require(bool(device_name), f"{at}.{where}.deviceName",
+                 "is required: the device plugin resource to pass through (DRA claims "
+                 "are not supported)")
     for index, device in enumerate(devices.inputs):
         field = f"{at}.inputs[{index}]"
         _require(bool(device.name), f"{field}.name", "must not be empty")
