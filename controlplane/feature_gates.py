@@ -7,6 +7,9 @@ as KubeVirt's VM and VMI admission webhooks refuse it.
 | DownwardMetrics (`downwardMetrics`)            | `domain.devices.downwardMetrics`         |
 | DownwardMetrics (`downwardMetrics`)            | `volumes[i].downwardMetrics`             |
 | PersistentReservation (`persistentReservation`)| `domain.devices.disks[i].lun.reservation`|
+| HostDevices (always on under HCO)              | `domain.devices.hostDevices`             |
+
+GPU, NUMA and VMPersistentState (a persistent TPM) are GA in KubeVirt: no gate asks for them.
 
 | command                          | field prefix          | gate off                  |
 |----------------------------------|-----------------------|---------------------------|
@@ -39,6 +42,9 @@ VMI_SPEC_PATH: Final = "spec"
 
 DOWNWARD_METRICS: Final = MAPPED_FEATURE_GATES["downward_metrics"]
 PERSISTENT_RESERVATION: Final = MAPPED_FEATURE_GATES["persistent_reservation"]
+HOST_DEVICES: Final = "HostDevices"
+"""One of HCO's `MANDATORY_FEATURE_GATES`: off only where no HyperConverged configures
+KubeVirt."""
 
 
 def _downward_metrics_device(spec: VMISpecLike) -> Iterator[str]:
@@ -58,10 +64,16 @@ def _lun_reservations(spec: VMISpecLike) -> Iterator[str]:
             yield f"domain.devices.disks[{index}].lun.reservation"
 
 
+def _host_devices(spec: VMISpecLike) -> Iterator[str]:
+    if spec.domain.devices.host_devices:
+        yield "domain.devices.hostDevices"
+
+
 GATED_FIELDS: Final[tuple[tuple[str, Callable[[VMISpecLike], Iterator[str]]], ...]] = (
     (DOWNWARD_METRICS, _downward_metrics_device),
     (DOWNWARD_METRICS, _downward_metrics_volumes),
     (PERSISTENT_RESERVATION, _lun_reservations),
+    (HOST_DEVICES, _host_devices),
 )
 """Gate -> the fields (relative to the VMI spec) of a spec that use what it gates."""
 

@@ -19,6 +19,7 @@ from events.api.vm import VirtualMachineInstanceSpec
 from events.errors import InvalidSpec
 from nodeagent.converter import ConverterContext, convert
 from nodeagent.converter import defaults as converter_defaults
+from nodeagent.converter.unavailable import NotOnThisNode
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -118,6 +119,9 @@ def main_domxml(argv: list[str]) -> int:
                 )
     except InvalidSpec as error:
         print(f"error: {error.field}: {error.rule}", file=sys.stderr)
+        return 1
+    except NotOnThisNode as error:
+        print(f"error: {error}", file=sys.stderr)
         return 1
     except (OSError, yaml.YAMLError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from events.api.resources import DEFAULT_TUNING, ClusterTuning, vmi_resources
+from events.api.unsupported import NOT_HONOURED_CONDITION, NOT_HONOURED_REASON, inert_fields
 from events.api.vm import API_VERSION
 from events.codec import Event
 from events.migration import MIGRATION_KIND, WORKLOAD_UPDATE_KIND
@@ -182,6 +183,17 @@ def live_migratable_condition(vmi: VirtualMachineInstanceView) -> list[dict[str,
              "lastTransitionTime": None, "reason": refused.reason, "message": refused.message}]
 
 
+def spec_honoured_condition(vmi: VirtualMachineInstanceView) -> list[dict[str, Any]]:
+    """`SpecHonoured` False while the spec asks for what a virtbus guest goes without
+    (`events.api.unsupported`): accepted as KubeVirt accepts it, and said, not dropped."""
+    inert = list(inert_fields(vmi.spec)) if vmi.spec is not None else []
+    if not inert:
+        return []
+    return [{"type": NOT_HONOURED_CONDITION, "status": "False", "reason": NOT_HONOURED_REASON,
+             "message": "; ".join(inert), "lastProbeTime": None,
+             "lastTransitionTime": iso(vmi.created_at)}]
+
+
 def render_vm(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) -> dict[str, Any]:
     ready = vmi is not None and vmi.phase == "Running" and vmi.deletion_requested_at is None
     status: dict[str, Any] = {
@@ -244,7 +256,7 @@ def render_vmi(vmi: VirtualMachineInstanceView, *, outdated: bool = False) -> di
             "status": "True" if vmi.phase == "Running" else "False",
             "lastTransitionTime": iso(vmi.updated_at),
         }, *paused_condition(vmi), *pod_scheduled_condition(vmi),
-            *live_migratable_condition(vmi)],
+            *live_migratable_condition(vmi), *spec_honoured_condition(vmi)],
     }
     if vmi.node:
         status["nodeName"] = vmi.node

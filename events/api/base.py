@@ -31,7 +31,8 @@ class ObjectMeta(ApiStruct):
     uid: str = ""
     generation: int = 0
     resource_version: str = ""
-    creation_timestamp: str = ""
+    creation_timestamp: str | None = None
+    """Set by the server; `null` as `kubectl create --dry-run -o yaml` writes it is absent."""
     deletion_timestamp: str = ""
     finalizers: list[str] = []
     owner_references: list[dict[str, object]] = []

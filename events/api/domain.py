@@ -39,6 +39,14 @@ class CPUFeature(ApiStruct):
     policy: str = ""
 
 
+class NUMAGuestMappingPassthrough(ApiStruct):
+    """Mirror the host NUMA cells the guest's dedicated CPUs and hugepages come from."""
+
+
+class NUMA(ApiStruct):
+    guest_mapping_passthrough: NUMAGuestMappingPassthrough | None = None
+
+
 class CPU(ApiStruct):
     cores: int = 0
     sockets: int = 0
@@ -48,6 +56,7 @@ class CPU(ApiStruct):
     features: list[CPUFeature] = []
     dedicated_cpu_placement: bool = False
     isolate_emulator_thread: bool = False
+    numa: NUMA | None = None
 
 
 # --- memory ------------------------------------------------------------------------------
@@ -59,6 +68,8 @@ class Hugepages(ApiStruct):
 
 class Memory(ApiStruct):
     guest: Quantity | None = None
+    max_guest: Quantity | None = None
+    """The most memory the guest may be hot-plugged up to (`<maxMemory>`)."""
     hugepages: Hugepages | None = None
 
 
@@ -83,10 +94,36 @@ class Bootloader(ApiStruct):
     efi: EFI | None = None
 
 
+class KernelBootContainer(ApiStruct):
+    """A container image holding the kernel and initrd to boot directly."""
+
+    image: str
+    image_pull_secret: str = ""
+    image_pull_policy: str = ""
+    kernel_path: str = ""
+    initrd_path: str = ""
+
+
+class KernelBoot(ApiStruct):
+    kernel_args: str = ""
+    container: KernelBootContainer | None = None
+
+
 class Firmware(ApiStruct):
     uuid: str = ""
     serial: str = ""
     bootloader: Bootloader | None = None
+    kernel_boot: KernelBoot | None = None
+
+
+class Chassis(ApiStruct):
+    """SMBIOS chassis table (type 3) entries."""
+
+    manufacturer: str = ""
+    version: str = ""
+    serial: str = ""
+    asset: str = ""
+    sku: str = ""
 
 
 # --- clock ---------------------------------------------------------------------------------
@@ -158,6 +195,14 @@ class SyNICTimer(ApiStruct):
     direct: FeatureState | None = None
 
 
+class FeatureTLBFlush(ApiStruct):
+    """Hyper-V TLB flush, with its direct and extended variants."""
+
+    enabled: bool | None = None
+    direct: FeatureState | None = None
+    extended: FeatureState | None = None
+
+
 class FeatureHyperv(ApiStruct):
     relaxed: FeatureState | None = None
     vapic: FeatureState | None = None
@@ -170,7 +215,7 @@ class FeatureHyperv(ApiStruct):
     vendorid: FeatureVendorID | None = None
     frequencies: FeatureState | None = None
     reenlightenment: FeatureState | None = None
-    tlbflush: FeatureState | None = None
+    tlbflush: FeatureTLBFlush | None = None
     ipi: FeatureState | None = None
     evmcs: FeatureState | None = None
 
@@ -186,6 +231,9 @@ class Features(ApiStruct):
     smm: FeatureState | None = None
     kvm: FeatureKVM | None = None
     pvspinlock: FeatureState | None = None
+    hyperv_passthrough: FeatureState | None = None
+    """Every Hyper-V enlightenment the host offers (`<hyperv mode='passthrough'>`); used
+    only when `hyperv` is absent, as in KubeVirt."""
 
 
 # --- devices -------------------------------------------------------------------------------
@@ -224,12 +272,24 @@ class Disk(ApiStruct):
     boot_order: int | None = None
     serial: str = ""
     cache: str = ""
+    dedicated_io_thread: bool | None = msgspec.field(default=None, name="dedicatedIOThread")
+
+
+class Port(ApiStruct):
+    """A port a masquerade binding forwards to the guest (all ports when none is listed)."""
+
+    port: int
+    name: str = ""
+    protocol: str = ""
 
 
 class Interface(ApiStruct):
     name: str
     masquerade: Empty | None = None
     bridge: Empty | None = None
+    sriov: Empty | None = None
+    """An SR-IOV virtual function of the interface's network, passed through to the guest."""
+    ports: list[Port] = []
     mac_address: str = ""
     model: str = ""
     boot_order: int | None = None
@@ -239,6 +299,52 @@ class Input(ApiStruct):
     name: str
     type: str
     bus: str = ""
+
+
+class TPMDevice(ApiStruct):
+    enabled: bool | None = None
+    persistent: bool | None = None
+
+
+class VideoDevice(ApiStruct):
+    type: str = ""
+
+
+class VGPUDisplayOptions(ApiStruct):
+    enabled: bool | None = None
+    ram_fb: FeatureState | None = msgspec.field(default=None, name="ramFB")
+
+
+class VGPUOptions(ApiStruct):
+    display: VGPUDisplayOptions | None = None
+
+
+class GPU(ApiStruct):
+    """A GPU (or vGPU) of a device plugin's resource `deviceName`, passed through."""
+
+    name: str
+    device_name: str = ""
+    virtual_gpu_options: VGPUOptions | None = msgspec.field(default=None,
+                                                            name="virtualGPUOptions")
+    tag: str = ""
+
+
+class HostDevice(ApiStruct):
+    """A host PCI or mediated device of a device plugin's resource `deviceName`."""
+
+    name: str
+    device_name: str = ""
+    tag: str = ""
+
+
+class WatchdogDevice(ApiStruct):
+    action: str = ""
+
+
+class Watchdog(ApiStruct):
+    name: str
+    i6300esb: WatchdogDevice | None = None
+    diag288: WatchdogDevice | None = None
 
 
 class Devices(ApiStruct):
@@ -253,10 +359,22 @@ class Devices(ApiStruct):
     autoattach_pod_interface: bool | None = None
     autoattach_serial_console: bool | None = None
     autoattach_mem_balloon: bool | None = None
+    tpm: TPMDevice | None = None
+    video: VideoDevice | None = None
+    gpus: list[GPU] = []
+    host_devices: list[HostDevice] = []
+    watchdog: Watchdog | None = None
+
+
+class DiskIOThreads(ApiStruct):
+    supplemental_pool_thread_count: int | None = None
 
 
 class DomainSpec(ApiStruct):
     resources: ResourceRequirements = msgspec.field(default_factory=ResourceRequirements)
+    io_threads_policy: str | None = None
+    io_threads: DiskIOThreads | None = None
+    chassis: Chassis | None = None
     cpu: CPU | None = None
     memory: Memory | None = None
     machine: Machine | None = None
@@ -300,6 +418,48 @@ class CloudInitNoCloudSource(ApiStruct):
     network_data_secret_ref: dict[str, str] | None = None
 
 
+class LocalObjectReference(ApiStruct):
+    name: str = ""
+
+
+class SecretVolumeSource(ApiStruct):
+    secret_name: str = ""
+    optional: bool | None = None
+    volume_label: str = ""
+
+
+class ConfigMapVolumeSource(ApiStruct):
+    name: str = ""
+    optional: bool | None = None
+    volume_label: str = ""
+
+
+class ServiceAccountVolumeSource(ApiStruct):
+    service_account_name: str = ""
+
+
+class SysprepSource(ApiStruct):
+    """An `autounattend.xml` / `unattend.xml` for Windows setup, from a Secret or ConfigMap."""
+
+    secret: LocalObjectReference | None = None
+    config_map: LocalObjectReference | None = None
+
+
+class EphemeralVolumeSource(ApiStruct):
+    """A claim used read-only as the backing of a throw-away copy-on-write overlay."""
+
+    persistent_volume_claim: PersistentVolumeClaimSource | None = None
+
+
+class CloudInitConfigDriveSource(ApiStruct):
+    user_data: str = ""
+    user_data_base64: str = ""
+    network_data: str = ""
+    network_data_base64: str = ""
+    secret_ref: LocalObjectReference | None = None
+    network_data_secret_ref: LocalObjectReference | None = None
+
+
 class Volume(ApiStruct):
     name: str
     container_disk: ContainerDiskSource | None = None
@@ -310,3 +470,17 @@ class Volume(ApiStruct):
     downward_metrics: Empty | None = None
     """`downwardMetrics: {}`: host metrics for the guest as a small read-only disk
     (DownwardMetrics feature gate)."""
+    secret: SecretVolumeSource | None = None
+    config_map: ConfigMapVolumeSource | None = None
+    service_account: ServiceAccountVolumeSource | None = None
+    sysprep: SysprepSource | None = None
+    ephemeral: EphemeralVolumeSource | None = None
+    cloud_init_config_drive: CloudInitConfigDriveSource | None = None
+
+    @property
+    def sources(self) -> tuple[object | None, ...]:
+        """Every volume source field, set or not: a volume must set exactly one."""
+        return (self.container_disk, self.persistent_volume_claim, self.data_volume,
+                self.empty_disk, self.cloud_init_no_cloud, self.downward_metrics, self.secret,
+                self.config_map, self.service_account, self.sysprep, self.ephemeral,
+                self.cloud_init_config_drive)

@@ -16,6 +16,10 @@ Memory overhead follows KubeVirt's `GetMemoryOverhead` (amd64):
 The scheduling memory request is guest memory plus that overhead, except that
 `overcommitGuestOverhead: true` leaves the overhead out and hugepages-backed guest
 memory is asked for as a `hugepages-<size>` resource instead of plain memory.
+
+Each GPU and host device asks for one of its `deviceName`, the device plugin's resource,
+as KubeVirt's launcher pod does: a VMI wanting a device no node offers stays Pending,
+Unschedulable, with kube-scheduler's "Insufficient <deviceName>".
 """
 
 from __future__ import annotations
@@ -174,6 +178,11 @@ def vmi_resources(domain: DomainSpec, *, emulation: bool = False,
         extended[KVM_DEVICE] = 1
     if needs_tun(domain):
         extended[TUN_DEVICE] = 1
+    devices = domain.devices
+    for name in [g.device_name for g in devices.gpus] + [h.device_name for h in
+                                                         devices.host_devices]:
+        if name:
+            extended[name] = extended.get(name, 0) + 1
     memory = guest + overhead
     page_size = hugepage_size(domain)
     if page_size:

@@ -6,6 +6,8 @@ so a person can find it in the manifest they wrote. Checks stop at the first bro
 
 from __future__ import annotations
 
+import ipaddress
+import posixpath
 import re
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol
@@ -27,9 +29,12 @@ if TYPE_CHECKING:
         FeatureHyperv,
         Features,
         Firmware,
+        Interface,
+        KernelBoot,
         Quantity,
         Volume,
     )
+    from events.api.vm import PodDNSConfig
 
 CPU_FEATURE_POLICIES = ("force", "require", "optional", "disable", "forbid")
 INPUT_TYPES = ("tablet",)
@@ -60,6 +65,19 @@ HYPERV_REQUIRES = {
     "evmcs": "vapic",
 }
 """Hyper-V enlightenments that QEMU refuses without another (KubeVirt's dependency list)."""
+IO_THREADS_POLICIES = ("shared", "auto", "supplementalPool")
+VIDEO_TYPES = ("vga", "cirrus", "virtio", "ramfb", "bochs")
+"""The video models KubeVirt admits on amd64."""
+WATCHDOG_ACTIONS = ("poweroff", "reset", "shutdown")
+DNS_POLICIES = ("ClusterFirstWithHostNet", "ClusterFirst", "Default", "None")
+MAX_DNS_NAMESERVERS = 3
+MAX_DNS_SEARCH_PATHS = 6
+MAX_DNS_SEARCH_LIST_CHARS = 256
+PORT_PROTOCOLS = ("TCP", "UDP")
+PORT_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
+PORT_NAME_MAX = 15
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS1123_SUBDOMAIN_MAX = 253
 DNS1123_LABEL_MAX = 63
 DNS1123_LABEL_RULE = (
     f"must be a DNS-1123 label: at most {DNS1123_LABEL_MAX} lower-case letters, digits or "
@@ -89,6 +107,12 @@ class VMISpecLike(Protocol):
     @property
     def termination_grace_period_seconds(self) -> int | None: ...
 
+    @property
+    def dns_policy(self) -> str: ...
+
+    @property
+    def dns_config(self) -> PodDNSConfig | None: ...
+
 
 def validate_vmi_spec(spec: VMISpecLike, path: str = "spec") -> None:
     """Refuse a spec KubeVirt would refuse; `path` prefixes every reported field."""
@@ -103,15 +127,21 @@ def validate_vmi_spec(spec: VMISpecLike, path: str = "spec") -> None:
     _validate_memory(domain, at)
     if domain.cpu is not None:
         _validate_cpu(domain.cpu, f"{at}.cpu")
+        _validate_numa(domain, at)
     if domain.firmware is not None:
         _validate_firmware(domain.firmware, domain.features, f"{at}.firmware")
     if domain.clock is not None:
         _validate_clock(domain.clock, f"{at}.clock")
     if domain.features is not None and domain.features.hyperv is not None:
         _validate_hyperv(domain.features.hyperv, f"{at}.features.hyperv")
+        _require(domain.features.hyperv_passthrough is None, f"{at}.features.hypervPassthrough",
+                 f"cannot be set together with {at}.features.hyperv: use one or the other")
     _validate_devices(domain.devices, f"{at}.devices")
+    _validate_io_threads(domain, at)
     _validate_volumes(domain.devices, spec.volumes, path)
     _validate_networks(spec.networks, f"{path}.networks")
+    _validate_ports(domain.devices.interfaces, spec.networks, f"{at}.devices.interfaces")
+    _validate_dns(spec.dns_policy, spec.dns_config, path)
 
 
 def _require(ok: bool, field: str, rule: str) -> None:
@@ -189,6 +219,12 @@ def _validate_memory(domain: DomainSpec, at: str) -> None:
         )
     if memory is not None and memory.hugepages is not None:
         _validate_hugepages(memory.hugepages.page_size, size, f"{at}.memory.hugepages.pageSize")
+    if memory is not None and memory.max_guest is not None:
+        _require(
+            _parsed(memory.max_guest, f"{at}.memory.maxGuest") >= size,
+            f"{at}.memory.maxGuest",
+            f"must be greater than or equal to {at}.memory.guest",
+        )
 
 
 def _validate_hugepages(page_size: str, memory: Decimal, field: str) -> None:
@@ -227,6 +263,18 @@ def _validate_cpu(cpu: CPU, at: str) -> None:
     )
 
 
+def _validate_numa(domain: DomainSpec, at: str) -> None:
+    """Guest NUMA passthrough mirrors host cells: it needs pinned CPUs and hugepages."""
+    cpu = domain.cpu
+    if cpu is None or cpu.numa is None or cpu.numa.guest_mapping_passthrough is None:
+        return
+    field = f"{at}.cpu.numa.guestMappingPassthrough"
+    _require(cpu.dedicated_cpu_placement, field,
+             f"requires {at}.cpu.dedicatedCpuPlacement to be true")
+    _require(domain.memory is not None and domain.memory.hugepages is not None, field,
+             f"requires {at}.memory.hugepages")
+
+
 def _smm_enabled(features: Features | None) -> bool:
     return features is not None and features.smm is not None and features.smm.enabled is not False
 
@@ -237,6 +285,8 @@ def _validate_firmware(firmware: Firmware, features: Features | None, at: str) -
             uuid.UUID(firmware.uuid)
         except ValueError:
             raise InvalidSpec(f"{at}.uuid", "must be a UUID") from None
+    if firmware.kernel_boot is not None:
+        _validate_kernel_boot(firmware.kernel_boot, f"{at}.kernelBoot")
     loader = firmware.bootloader
     if loader is None:
         return
@@ -251,6 +301,28 @@ def _validate_firmware(firmware: Firmware, features: Features | None, at: str) -
             f"{at}.bootloader.efi.secureBoot",
             "SecureBoot requires SMM: enable spec.domain.features.smm",
         )
+
+
+def _validate_kernel_boot(kernel_boot: KernelBoot, at: str) -> None:
+    container = kernel_boot.container
+    if container is None:
+        _require(not kernel_boot.kernel_args, f"{at}.kernelArgs",
+                 "kernel arguments cannot be provided without an external kernel")
+        return
+    _require(bool(container.image), f"{at}.container.image", "must be set")
+    _require(bool(container.kernel_path or container.initrd_path), f"{at}.container",
+             "must set at least one of kernelPath, initrdPath")
+    for name, path in (("kernelPath", container.kernel_path),
+                       ("initrdPath", container.initrd_path)):
+        if path:
+            _absolute_file_path(path, f"{at}.container.{name}")
+
+
+def _absolute_file_path(path: str, field: str) -> None:
+    """KubeVirt's ValidatePath: absolute, not the root, no `.`/`..` or doubled slashes."""
+    _require(path != "/", field, "must not point to root")
+    _require(posixpath.normpath("///" + path) == path.rstrip("/"), field,
+             "must be an absolute path to a file without relative components")
 
 
 def _validate_clock(clock: Clock, at: str) -> None:
@@ -300,6 +372,22 @@ def _validate_hyperv(hyperv: FeatureHyperv, at: str) -> None:
 
 
 def _validate_devices(devices: Devices, at: str) -> None:
+    _validate_video_and_watchdog(devices, at)
+    ramfb_displays = [
+        gpu.name for gpu in devices.gpus
+        if (options := gpu.virtual_gpu_options) is not None and options.display is not None
+        and options.display.enabled is not False
+        and (options.display.ram_fb is None or options.display.ram_fb.enabled is not False)
+    ]
+    _require(len(ramfb_displays) <= 1, f"{at}.gpus",
+             f"configuring multiple displays with ramfb is not valid: {ramfb_displays}")
+    device_names = [(f"gpus[{i}]", gpu.device_name) for i, gpu in enumerate(devices.gpus)]
+    device_names += [(f"hostDevices[{i}]", host.device_name)
+                     for i, host in enumerate(devices.host_devices)]
+    for where, device_name in device_names:
+        _require(bool(device_name), f"{at}.{where}.deviceName",
+                 "is required: the device plugin resource to pass through (DRA claims "
+                 "are not supported)")
     for index, device in enumerate(devices.inputs):
         field = f"{at}.inputs[{index}]"
         _require(bool(device.name), f"{field}.name", "must not be empty")
@@ -310,6 +398,10 @@ def _validate_devices(devices: Devices, at: str) -> None:
     for index, interface in enumerate(devices.interfaces):
         _interface_name(interface.name, f"{at}.interfaces[{index}].name")
     _unique([i.name for i in devices.interfaces], f"{at}.interfaces[{{}}].name")
+    for index, interface in enumerate(devices.interfaces):
+        bindings = (interface.masquerade, interface.bridge, interface.sriov)
+        _require(sum(b is not None for b in bindings) == 1, f"{at}.interfaces[{index}]",
+                 "must have exactly one binding method: masquerade, bridge or sriov")
     _unique([d.name for d in devices.disks], f"{at}.disks[{{}}].name")
     boot_orders: set[int] = set()
     for index, disk in enumerate(devices.disks):
@@ -335,6 +427,33 @@ def _validate_devices(devices: Devices, at: str) -> None:
             boot_orders.add(disk.boot_order)
 
 
+def _validate_video_and_watchdog(devices: Devices, at: str) -> None:
+    if devices.video is not None:
+        _require(devices.autoattach_graphics_device is not False, f"{at}.video",
+                 "is not allowed when autoattachGraphicsDevice is set to false")
+        _one_of(devices.video.type, VIDEO_TYPES, f"{at}.video.type")
+    watchdog = devices.watchdog
+    if watchdog is None:
+        return
+    _require(watchdog.diag288 is None, f"{at}.watchdog",
+             "amd64 only supports the i6300esb watchdog device")
+    if watchdog.i6300esb is not None and watchdog.i6300esb.action:
+        _one_of(watchdog.i6300esb.action, WATCHDOG_ACTIONS, f"{at}.watchdog.i6300esb.action")
+
+
+def _validate_io_threads(domain: DomainSpec, at: str) -> None:
+    policy = domain.io_threads_policy
+    if policy is None:
+        return
+    _one_of(policy, IO_THREADS_POLICIES, f"{at}.ioThreadsPolicy")
+    if policy == "supplementalPool":
+        count = domain.io_threads.supplemental_pool_thread_count \
+            if domain.io_threads is not None else None
+        _require(count is not None and count >= 1,
+                 f"{at}.ioThreads.supplementalPoolThreadCount",
+                 "must be set and positive for the supplementalPool policy")
+
+
 def _validate_volumes(devices: Devices, volumes: list[Volume], path: str) -> None:
     for index, volume in enumerate(volumes):
         _dns1123_label(volume.name, f"{path}.volumes[{index}].name")
@@ -352,17 +471,12 @@ def _validate_volumes(devices: Devices, volumes: list[Volume], path: str) -> Non
     disk_names = {d.name for d in devices.disks}
     for index, volume in enumerate(volumes):
         field = f"{path}.volumes[{index}]"
-        sources = (
-            volume.container_disk,
-            volume.persistent_volume_claim,
-            volume.data_volume,
-            volume.empty_disk,
-            volume.cloud_init_no_cloud,
-            volume.downward_metrics,
-        )
         _require(
-            sum(s is not None for s in sources) == 1, field, "must have exactly one volume source"
+            sum(s is not None for s in volume.sources) == 1,
+            field,
+            "must have exactly one volume source",
         )
+        _validate_object_references(volume, field)
         _require(
             volume.name in disk_names,
             f"{field}.name",
@@ -370,12 +484,87 @@ def _validate_volumes(devices: Devices, volumes: list[Volume], path: str) -> Non
         )
         if volume.empty_disk is not None:
             _parsed(volume.empty_disk.capacity, f"{field}.emptyDisk.capacity")
+    service_accounts = sum(v.service_account is not None for v in volumes)
+    _require(service_accounts <= 1, f"{path}.volumes",
+             "must have at most one serviceAccount volume")
+
+
+def _validate_object_references(volume: Volume, field: str) -> None:
+    """The Kubernetes object a config volume is made of must be named."""
+    for source, name_field, name in (
+        (volume.config_map, "configMap.name", volume.config_map and volume.config_map.name),
+        (volume.secret, "secret.secretName", volume.secret and volume.secret.secret_name),
+        (volume.service_account, "serviceAccount.serviceAccountName",
+         volume.service_account and volume.service_account.service_account_name),
+    ):
+        if source is not None:
+            _require(bool(name), f"{field}.{name_field}", "is required")
 
 
 def _validate_networks(networks: list[dict[str, Any]], at: str) -> None:
     for index, network in enumerate(networks):
         _interface_name(network.get("name"), f"{at}[{index}].name")
     _unique([n["name"] for n in networks], f"{at}[{{}}].name")
+
+
+def _validate_ports(interfaces: list[Interface], networks: list[dict[str, Any]],
+                    at: str) -> None:
+    """Forwarded ports, checked as KubeVirt checks them: on interfaces of the pod network."""
+    pod_networks = {n.get("name") for n in networks if "pod" in n}
+    for index, interface in enumerate(interfaces):
+        if interface.name not in pod_networks:
+            continue
+        names: set[str] = set()
+        for port_index, port in enumerate(interface.ports):
+            field = f"{at}[{index}].ports[{port_index}]"
+            _require(port.port != 0, f"{field}.port", "is required")
+            _require(0 < port.port < 65536, f"{field}.port", "must be in range 0 < x < 65536")
+            if port.protocol:
+                _one_of(port.protocol, PORT_PROTOCOLS, f"{field}.protocol")
+            if port.name:
+                _require(port.name not in names, f"{field}.name",
+                         f"duplicate name of the port: {port.name!r}")
+                _require(len(port.name) <= PORT_NAME_MAX and "--" not in port.name
+                         and PORT_NAME.fullmatch(port.name) is not None
+                         and any(c.isalpha() for c in port.name), f"{field}.name",
+                         "must be an IANA service name: at most 15 lower-case letters, digits "
+                         "or single '-', with at least one letter")
+                names.add(port.name)
+
+
+def _validate_dns(policy: str, config: PodDNSConfig | None, path: str) -> None:
+    """Kubernetes' pod DNS rules, which KubeVirt's admission applies to the VMI."""
+    if policy:
+        _one_of(policy, DNS_POLICIES, f"{path}.dnsPolicy")
+    if policy == "None":
+        _require(config is not None, f"{path}.dnsConfig",
+                 "must be provided when dnsPolicy is None")
+        _require(config is not None and bool(config.nameservers),
+                 f"{path}.dnsConfig.nameservers",
+                 "must list at least one DNS nameserver when dnsPolicy is None")
+    if config is None:
+        return
+    at = f"{path}.dnsConfig"
+    _require(len(config.nameservers) <= MAX_DNS_NAMESERVERS, f"{at}.nameservers",
+             f"must not have more than {MAX_DNS_NAMESERVERS} nameservers")
+    for index, nameserver in enumerate(config.nameservers):
+        try:
+            ipaddress.ip_address(nameserver)
+        except ValueError:
+            raise InvalidSpec(f"{at}.nameservers[{index}]",
+                              f"must be a valid IP address; got {nameserver!r}") from None
+    _require(len(config.searches) <= MAX_DNS_SEARCH_PATHS, f"{at}.searches",
+             f"must not have more than {MAX_DNS_SEARCH_PATHS} search paths")
+    _require(len(" ".join(config.searches)) <= MAX_DNS_SEARCH_LIST_CHARS, f"{at}.searches",
+             f"must not have more than {MAX_DNS_SEARCH_LIST_CHARS} characters "
+             "(including spaces) in the search list")
+    for index, search in enumerate(config.searches):
+        _require(len(search) <= DNS1123_SUBDOMAIN_MAX
+                 and DNS1123_SUBDOMAIN.fullmatch(search) is not None,
+                 f"{at}.searches[{index}]",
+                 f"must be a lower-case DNS-1123 subdomain; got {search!r}")
+    for index, option in enumerate(config.options):
+        _require(bool(option.name), f"{at}.options[{index}].name", "must not be empty")
 
 
 def _validate_disk_volume(disk: Disk, volume: Volume, field: str) -> None:

@@ -19,6 +19,19 @@ RUN_STRATEGIES: Final = ("Always", "Halted", "Manual", "RerunOnFailure", "Once",
 SUPPORTED_RUN_STRATEGIES: Final = ("Always", "Halted", "Manual")
 
 
+class PodDNSConfigOption(ApiStruct):
+    name: str = ""
+    value: str | None = None
+
+
+class PodDNSConfig(ApiStruct):
+    """Resolver settings merged into what `dnsPolicy` gives the guest's pod network."""
+
+    nameservers: list[str] = []
+    searches: list[str] = []
+    options: list[PodDNSConfigOption] = []
+
+
 class VirtualMachineInstanceSpec(ApiStruct):
     domain: DomainSpec
     volumes: list[Volume] = []
@@ -30,6 +43,8 @@ class VirtualMachineInstanceSpec(ApiStruct):
     termination_grace_period_seconds: int | None = None
     eviction_strategy: str | None = None
     hostname: str = ""
+    dns_policy: str = ""
+    dns_config: PodDNSConfig | None = None
     subdomain: str = ""
     scheduler_name: str = ""
     priority_class_name: str = ""

@@ -31,6 +31,11 @@ INPUT_BUS: Final = "usb"
 
 RNG_BACKEND: Final = "/dev/urandom"
 
+WATCHDOG_MODEL: Final = "i6300esb"
+"""The one watchdog KubeVirt admits on amd64."""
+WATCHDOG_ACTION: Final = "reset"
+"""KubeVirt's defaulting (SetAmd64Watchdog) for a watchdog without an action."""
+
 PR_HELPER_SOCKET: Final = "/var/run/kubevirt/daemons/pr/pr-helper.sock"
 """KubeVirt's qemu-pr-helper socket for `lun.reservation` (reservation.GetPrHelperSocketPath);
 a host offering reservations runs qemu-pr-helper listening there."""

@@ -11,7 +11,14 @@ Every volume becomes a file the agent prepares in the VMI's disk directory
 | persistentVolumeClaim   | `<volume>.img`        | raw    |
 | dataVolume              | `<volume>.img`        | raw    |
 | cloudInitNoCloud        | `<volume>.iso`        | raw (NoCloud ISO) |
+| cloudInitConfigDrive    | `<volume>.iso`        | raw (config-drive ISO) |
+| secret, configMap, sysprep, serviceAccount | `<volume>.iso` | raw (ISO of the object's files) |
+| ephemeral               | `<volume>.qcow2`      | qcow2 (overlay on the claim) |
 | downwardMetrics         | `<volume>.img`        | raw (vhostmd metrics disk) |
+
+KubeVirt puts each config ISO in a directory of its kind (`secret-disks/<volume>.iso`, …,
+`service-account-disk/service-account.iso`); here one directory per VMI holds them all, so
+each is named by its volume, which is unique.
 
 The disk's device type decides the `<disk>` element:
 
@@ -53,9 +60,12 @@ class DiskSource(NamedTuple):
 
 def volume_source(ctx: ConverterContext, volume: Volume) -> DiskSource:
     """The image file backing `volume` on this node, and its format."""
-    if volume.cloud_init_no_cloud is not None:
+    iso_sources = (volume.cloud_init_no_cloud, volume.cloud_init_config_drive, volume.secret,
+                   volume.config_map, volume.sysprep, volume.service_account)
+    if any(source is not None for source in iso_sources):
         extension, image_format = ".iso", "raw"
-    elif volume.container_disk is not None or volume.empty_disk is not None:
+    elif any(source is not None
+             for source in (volume.container_disk, volume.empty_disk, volume.ephemeral)):
         extension, image_format = ".qcow2", "qcow2"
     else:
         extension, image_format = ".img", "raw"

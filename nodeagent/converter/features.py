@@ -2,7 +2,9 @@
 
 Written only when `spec.domain.features` is present (then ACPI is on unless disabled,
 as in KubeVirt). Hyper-V names map one to one except `synictimer` -> `<stimer>` and
-`vendorid` -> `<vendor_id>`. A Hyper-V feature whose prerequisite is absent gets the
+`vendorid` -> `<vendor_id>`; `tlbflush` carries its `direct` / `extended` variants as
+children. `hypervPassthrough` (only without `hyperv`) is `<hyperv mode='passthrough'/>`.
+A Hyper-V feature whose prerequisite is absent gets the
 prerequisite switched on (KubeVirt's mutating webhook does the same); a disabled
 prerequisite is refused earlier by validation.
 """
@@ -49,6 +51,8 @@ def configure_features(spec: VMISpecLike, ctx: ConverterContext, domain: Element
             apic.set("eoi", "on")
     if source.hyperv is not None:
         _configure_hyperv(source.hyperv, sub(features, "hyperv", mode="custom"))
+    elif _enabled(source.hyperv_passthrough):
+        sub(features, "hyperv", mode="passthrough")
     _configure_kvm(source, features)
     sub(features, "vmport", state="off")
 
@@ -88,6 +92,11 @@ def _configure_hyperv(hyperv: FeatureHyperv, element: Element) -> None:
     for name in HYPERV_SIMPLE:
         if name in states:
             sub(element, name, state=on_off(states[name], default=True))
+    tlbflush, flush_element = hyperv.tlbflush, element.find("tlbflush")
+    if tlbflush is not None and flush_element is not None:
+        for variant, wanted in (("direct", tlbflush.direct), ("extended", tlbflush.extended)):
+            if wanted is not None:
+                sub(flush_element, variant, state=on_off(wanted.enabled, default=True))
     if hyperv.spinlocks is not None:
         spinlocks = sub(element, "spinlocks", state=on_off(states["spinlocks"], default=True))
         if hyperv.spinlocks.spinlocks is not None:

@@ -2,6 +2,7 @@
 
 `autoattachGraphicsDevice: false` drops both (a headless VMI). VNC listens on a unix
 socket in the VMI's socket directory, as KubeVirt's does, for the agent to proxy.
+`devices.video.type` chooses the model in place of VGA, with the same memory and one head.
 """
 
 from __future__ import annotations
@@ -27,4 +28,6 @@ def configure_graphics(spec: VMISpecLike, ctx: ConverterContext, domain: Element
     graphics = sub(devices, "graphics", type="vnc")
     sub(graphics, "listen", type="socket", socket=os.path.join(ctx.socket_path, VNC_SOCKET))
     video = sub(devices, "video")
-    sub(video, "model", type=defaults.VIDEO_MODEL, vram=defaults.VIDEO_VRAM_KIB, heads=1)
+    chosen = spec.domain.devices.video
+    model = chosen.type if chosen is not None and chosen.type else defaults.VIDEO_MODEL
+    sub(video, "model", type=model, vram=defaults.VIDEO_VRAM_KIB, heads=1)

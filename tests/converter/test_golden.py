@@ -37,10 +37,41 @@ def defined(test_driver: libvirt.virConnect) -> Iterator[list[libvirt.virDomain]
         domain.undefine()
 
 
+def _probe(inside: str, devices: str = "") -> str:
+    """A minimal test-driver domain with `inside` among its top-level elements."""
+    return (f'<domain type="test"><name>probe</name><memory>1048576</memory>{inside}'
+            f'<os><type>hvm</type></os><devices>{devices}</devices></domain>')
+
+
+NEWER_LIBVIRT_CASES = {
+    "hyperv-tlbflush": _probe('<features><hyperv mode="custom"><tlbflush state="on">'
+                              '<direct state="on"/></tlbflush></hyperv></features>'),
+    "iothreads-supplemental-pool": _probe(
+        "<iothreads>1</iothreads>",
+        '<disk type="file" device="disk"><driver name="qemu"><iothreads>'
+        '<iothread id="1"/></iothreads></driver><source file="/p"/>'
+        '<target dev="vda" bus="virtio"/></disk>'),
+    "max-guest": _probe('<maxMemory unit="KiB" slots="0">2097152</maxMemory>'),
+}
+"""Cases using domain XML that older libvirt schemas lack: checked where libvirt takes the
+probe, and skipped, saying so, where it does not."""
+
+
+def _libvirt_schema_takes(conn: libvirt.virConnect, probe: str) -> bool:
+    try:
+        conn.defineXMLFlags(probe, libvirt.VIR_DOMAIN_DEFINE_VALIDATE).undefine()
+    except libvirt.libvirtError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_libvirt_accepts_golden_xml(
     case: str, test_driver: libvirt.virConnect, defined: list[libvirt.virDomain]
 ) -> None:
+    probe = NEWER_LIBVIRT_CASES.get(case)
+    if probe is not None and not _libvirt_schema_takes(test_driver, probe):
+        pytest.skip(f"this libvirt's domain schema predates what {case} renders")
     xml = expected_xml(case)
     domain = test_driver.defineXMLFlags(xml, libvirt.VIR_DOMAIN_DEFINE_VALIDATE)
     defined.append(domain)
