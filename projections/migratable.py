@@ -8,6 +8,7 @@ the reason and message KubeVirt gives (a migration of it is refused with them).
 | a `bridge` interface on the pod network, without the | InterfaceNotLiveMigratable  |
 | `kubevirt.io/allow-pod-bridge-network-live-migration`|                             |
 | annotation                                           |                             |
+| a GPU or a host device passed through                | HostDeviceNotLiveMigratable |
 
 Everything else migrates; `containerDisk` and `emptyDisk` volumes are copied with the
 memory (block migration), so they count toward the completion timeout.
@@ -23,6 +24,7 @@ from events.api.vm import VirtualMachineInstanceSpec
 
 DISKS_NOT_LIVE_MIGRATABLE: Final = "DisksNotLiveMigratable"
 INTERFACE_NOT_LIVE_MIGRATABLE: Final = "InterfaceNotLiveMigratable"
+HOST_DEVICE_NOT_LIVE_MIGRATABLE: Final = "HostDeviceNotLiveMigratable"
 ALLOW_POD_BRIDGE_ANNOTATION: Final = "kubevirt.io/allow-pod-bridge-network-live-migration"
 _BRIDGE_MESSAGE: Final = ("cannot migrate VMI which does not use masquerade, bridge with "
                           f"{ALLOW_POD_BRIDGE_ANNOTATION} VM annotation or a migratable plugin "
@@ -45,6 +47,9 @@ def not_migratable(spec: VirtualMachineInstanceSpec,
             return NotMigratable(DISKS_NOT_LIVE_MIGRATABLE, (
                 f"cannot migrate VMI: PVC {claim} is not shared, live migration requires that "
                 "all PVCs must be shared (using ReadWriteMany access mode)"))
+    devices = spec.domain.devices
+    if devices.gpus or devices.host_devices:
+        return NotMigratable(HOST_DEVICE_NOT_LIVE_MIGRATABLE, "VMI uses a PCI host devices")
     pod_networks = {n.get("name") for n in spec.networks if isinstance(n, dict) and "pod" in n}
     if ALLOW_POD_BRIDGE_ANNOTATION not in annotations:
         for iface in spec.domain.devices.interfaces:
