@@ -68,7 +68,10 @@ class Transfer(msgspec.Struct, frozen=True, kw_only=True):
     """A transfer at one moment; `advance` gives the next."""
 
     elapsed: float = 0.0
+    total: int
+    """The guest's memory (libvirt's dataTotal)."""
     processed: int = 0
+    """Bytes sent so far, pages sent again included."""
     remaining: int
     lowest: int
     """The lowest `remaining` seen: progress is a new low (KubeVirt's watermark)."""
@@ -82,7 +85,7 @@ class Transfer(msgspec.Struct, frozen=True, kw_only=True):
 def begin(link: Link) -> Transfer:
     """A transfer with everything still to send (converged at once if that fits the
     switch-over, as an idle small guest does)."""
-    start = Transfer(remaining=link.memory, lowest=link.memory)
+    start = Transfer(total=link.memory, remaining=link.memory, lowest=link.memory)
     return _converged(start) if link.memory <= link.switchover_bytes else start
 
 
