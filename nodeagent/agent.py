@@ -114,7 +114,7 @@ from nodeagent.migrating import Migrations
 from nodeagent.phases import GuestPhase, Observation, StopCause, judge
 from nodeagent.simhost import TEST_DEFAULT_URI, for_agent
 from nodeagent.virterror import quiet_libvirt_errors
-from nodeagent.vmiref import VMIRef
+from nodeagent.vmiref import VMIRef as VMIRef  # noqa: PLC0414 (re-exported)
 from nodeagent.watcher import LifecycleWatcher, to_asyncio
 from nodeagent.worklog import open_worklog
 
