@@ -174,7 +174,7 @@ class Migrations:
                 await self.agent._launch(incoming.vmi, ref)
             await self._forget_incoming(uid)
         for uid, out in list(self.book.outgoing.items()):
-            if uid not in assigned:
+            if out.converged and uid not in assigned:
                 await self._depart(VMIRef(out.namespace, out.name, uid), out.order)
 
     async def serve(self, stop: asyncio.Event) -> None:

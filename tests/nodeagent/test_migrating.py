@@ -32,10 +32,11 @@ from events.messages import (
     NodeCommand,
     NodeReport,
     NodeVerb,
+    SimRequest,
     node_actor,
 )
 from nodeagent.defaults import DOMAIN_MISSING_REASON, SOURCE_RESTARTED_REASON
-from nodeagent.migrating import ABORTED_REASON
+from nodeagent.migrating import ABORTED_REASON, SOURCE_LOST_DOMAIN_REASON
 from nodeagent.vmiref import VMIRef
 from tests.nodeagent.helpers import SPEC, WAIT_SECONDS, Cluster, Running, start
 from tests.nodeagent.test_work import publish, worked_through
@@ -379,3 +380,46 @@ async def test_migration_work_that_makes_no_sense_is_rejected(pair: Pair) -> Non
         assert source.agent.migrations.book.outgoing == {}
     finally:
         await source.close()
+
+
+async def test_a_guest_that_crashes_mid_transfer_fails_its_migration(pair: Pair) -> None:
+    reports = await reports_of(pair.source)
+    source = await pair.agent(pair.source)
+    try:
+        ref = await launched(pair, source, "crashing")
+        order = pair.order(progress_timeout_seconds=3600)
+        await do(pair.source, source, work("migrate", ref, order, vmi(ref, "64Mi")))
+        await next_report(reports, migration_report(pair.source.node, "progress"))
+        await source.agent.simulate(SimRequest(action="guest-crash", namespace=ref.namespace,
+                                               name=ref.name))
+        await next_report(reports, migration_report(pair.source.node, "failed",
+                                                    reason=SOURCE_LOST_DOMAIN_REASON))
+        assert source.agent.migrations.book.outgoing == {}
+    finally:
+        await source.close()
+
+
+async def test_a_source_back_after_succeeded_removes_its_copy_quietly(pair: Pair) -> None:
+    """The transfer converged, then the source's agent stopped; the cluster appended
+    Succeeded and moved the VMI to the target. The next source agent removes its copy as
+    the cleanup would: no report of it, no mark of a finished VMI (it may come back here)."""
+    reports = await reports_of(pair.source)
+    ref = await pair.target.placed("departed")  # where the log has it once Succeeded
+    first = await pair.agent(pair.source)
+    try:
+        await first.agent.execute(pair.source.launch(ref), ref)
+        order = pair.order()
+        await do(pair.source, first, work("migrate", ref, order, vmi(ref)))
+        await next_report(reports, migration_report(pair.source.node, "converged"))
+    finally:
+        await first.close()
+
+    second = await pair.agent(pair.source)
+    try:
+        assert guests(second) == {}
+        assert second.agent.migrations.book.outgoing == {}
+        assert not await second.agent.worklog.finished(ref.uid)
+        said = [r.domain for r in await fence(pair.source, reports) if r.domain]
+        assert [d for d in said if d.uid == ref.uid and d.gone] == []
+    finally:
+        await second.close()
