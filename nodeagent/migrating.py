@@ -60,8 +60,6 @@ from nodeagent.worklog import AppliedWork, IncomingMigration, MigrationBook, Out
 if TYPE_CHECKING:
     from nodeagent.agent import NodeAgent
 
-log = structlog.get_logger(__name__)
-
 MIGRATION_VERBS: Final = frozenset({"migrate-prepare", "migrate", "migrate-abort",
                                     "migrate-finish", "migrate-cleanup"})
 TARGET_VERBS: Final = frozenset({"migrate-prepare", "migrate-finish"})
@@ -149,14 +147,13 @@ class Migrations:
             await self.agent._nats(functools.partial(
                 self.agent.worklog.mark_applied, out.event_id,
                 AppliedWork(uid=uid, verb="migrate")), "recording applied work")
-            del self.book.outgoing[uid]
+            await self._forget_outgoing(uid)
         for uid, incoming in self.book.incoming.items():
             try:
                 self._reserve(uid, incoming.vmi)
             except VirtbusError as e:
                 self.agent.log.warning("devices of a prepared migration not reserved again",
                                        migration=incoming.order.uid, uid=uid, error=str(e))
-        await self._save()
 
     async def reconcile(self, assigned: dict[str, tuple[VMIRef, str, dict[str, Any]]]) -> None:
         """With the VMIs the cluster placed here: start the guest of each prepared migration
