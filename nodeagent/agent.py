@@ -618,7 +618,7 @@ class NodeAgent:
         except (VirtbusError, libvirt.libvirtError) as e:
             self.log.warning("node command failed", error=str(e))
             if command.verb in LAUNCHING_VERBS:
-                await self.report_domain(ref, GuestPhase.FAILED, f"launch failed: {e}")
+                await self.report_launch_failed(ref, e)
         finally:
             self.in_progress.pop(ref.domain, None)
         await self._nats(lambda: self.worklog.record_applied(command), "recording applied work")
@@ -666,6 +666,9 @@ class NodeAgent:
         await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml)
         await self._persist()
         await self.report_domain(ref, GuestPhase.RUNNING, "launched")
+
+    async def report_launch_failed(self, ref: VMIRef, error: Exception) -> None:
+        await self.report_domain(ref, GuestPhase.FAILED, f"launch failed: {error}")
 
     async def _pump(self, observations: asyncio.Queue[Observation], stop: asyncio.Event) -> None:
         """Report what libvirt says of our guests; what NATS fails for a moment is retried

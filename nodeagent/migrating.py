@@ -35,8 +35,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Final
 
+import libvirt
 import msgspec
 import structlog
+from nats.errors import Error as NatsError
 
 from events.aio import pause_unless_stopped
 from events.api.resources import guest_memory_bytes, quantity
@@ -165,11 +167,15 @@ class Migrations:
             if placed is None or placed[1] != "Running":
                 continue
             ref = placed[0]
-            if uid not in present:
-                self.agent.log.info("starting the guest of a migration finished while the agent "
-                                    "was away", vmi=ref.name, migration=incoming.order.uid)
-                await self.agent._launch(incoming.vmi, ref)
-            await self._forget_incoming(uid)
+            if uid in present:
+                await self._forget_incoming(uid)
+                continue
+            self.agent.log.info("starting the guest of a migration finished while the agent "
+                                "was away", vmi=ref.name, migration=incoming.order.uid)
+            try:
+                await self._start(incoming.vmi, ref)
+            except (VirtbusError, libvirt.libvirtError) as e:
+                await self.agent.report_launch_failed(ref, e)
         for uid, out in list(self.book.outgoing.items()):
             if out.converged and uid not in assigned:
                 await self._depart(VMIRef(out.namespace, out.name, uid), out.order)
@@ -243,13 +249,21 @@ class Migrations:
         the migration."""
         known = self.book.incoming.get(ref.uid)
         vmi = known.vmi if known is not None and known.order.uid == order.uid else command.vmi
-        if ref.domain not in self.agent.domains:
-            if vmi is None:
-                self.agent.log.warning("migration finish: no prepared migration and no VMI; "
-                                       "nothing to start")
-                return
+        if ref.domain in self.agent.domains:
+            await self._forget_incoming(ref.uid)
+        elif vmi is None:
+            self.agent.log.warning("migration finish: no prepared migration and no VMI; "
+                                   "nothing to start")
+        else:
+            await self._start(vmi, ref)
+
+    async def _start(self, vmi: dict[str, Any], ref: VMIRef) -> None:
+        """Start the guest as a launch does; the migration is over here, started or not (a
+        guest that cannot start is its VMI's failure, reported as a launch's)."""
+        try:
             await self.agent._launch(vmi, ref)
-        await self._forget_incoming(ref.uid)
+        finally:
+            await self._forget_incoming(ref.uid)
 
     async def _forget_incoming(self, uid: str) -> None:
         if self.book.incoming.pop(uid, None) is not None:
@@ -335,8 +349,11 @@ class Migrations:
             else:
                 await self._observe(order, ref, "failed", transfer, reason=transfer.reason)
                 await self._forget_outgoing(ref.uid)
-        except Exception as e:  # NATS gone for good (the agent stops), or a bug: logged
-            self.agent.log.error("migration transfer ended", vmi=ref.name, error=describe(e))
+        except (TimeoutError, NatsError) as e:  # NATS gone for good: the agent stops
+            self.agent.log.warning("migration transfer not reported", vmi=ref.name,
+                                   error=describe(e))
+        except Exception as e:  # a bug: the agent goes on, the next start fails the transfer
+            self.agent.log.error("migration transfer ended", vmi=ref.name, exc_info=e)
         finally:
             self.transfers.pop(ref.uid, None)
 
