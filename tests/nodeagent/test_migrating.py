@@ -35,6 +35,7 @@ from events.messages import (
     SimRequest,
     node_actor,
 )
+from nodeagent.__main__ import main as agent_main
 from nodeagent.defaults import DOMAIN_MISSING_REASON, SOURCE_RESTARTED_REASON
 from nodeagent.migrating import ABORTED_REASON, SOURCE_LOST_DOMAIN_REASON
 from nodeagent.vmiref import VMIRef
@@ -166,8 +167,10 @@ async def test_a_guest_moves_prepare_migrate_finish_cleanup(pair: Pair) -> None:
 
         await do(pair.source, source, work("migrate", ref, order, vmi(ref)))
         seen = await reports_until(reports, migration_report(pair.source.node, "converged"))
-        states = [r.migration.state for r in seen if r.migration and r.node == pair.source.node]
+        told = [r for r in seen if r.migration and r.node == pair.source.node]
+        states = [r.migration.state for r in told if r.migration]
         assert states[0] == "running" and "progress" in states
+        assert {r.correlation_id for r in told} == {"corr-migrate"}, "the request's, to the end"
         progress = next(r.migration for r in seen if r.migration
                         and r.migration.state == "progress")
         assert progress.data_total == 64 * MiB
@@ -331,7 +334,8 @@ async def test_a_target_back_after_succeeded_starts_the_guest(pair: Pair) -> Non
 
 
 async def test_a_failed_migration_leaves_the_target_empty(pair: Pair) -> None:
-    """Cleanup on the target after Failed: the prepared migration and its devices go."""
+    """A prepared target holds the guest's devices, also after a restart; cleanup after
+    Failed: the prepared migration and its devices go, and nothing ever ran there."""
     reports = await reports_of(pair.source)
     target = await pair.agent(pair.target)
     try:
@@ -339,6 +343,11 @@ async def test_a_failed_migration_leaves_the_target_empty(pair: Pair) -> None:
         order = pair.order()
         await do(pair.target, target, work("migrate-prepare", ref, order, vmi(ref)))
         await next_report(reports, migration_report(pair.target.node, "target-ready"))
+    finally:
+        await target.close()
+    target = await pair.agent(pair.target)
+    try:
+        assert ref.uid in target.agent.ledger.holders(), "held again by the next agent"
         await do(pair.target, target, work("migrate-cleanup", ref, order))
         assert target.agent.migrations.book.incoming == {}
         assert ref.uid not in target.agent.ledger.holders()
@@ -423,3 +432,16 @@ async def test_a_source_back_after_succeeded_removes_its_copy_quietly(pair: Pair
         assert [d for d in said if d.uid == ref.uid and d.gone] == []
     finally:
         await second.close()
+
+
+@pytest.mark.parametrize(("flag", "value", "error"), [
+    ("--sim-migration-bandwidth", "0", "must be more than 0: '0'"),
+    ("--sim-dirty-rate", "fast", "not a quantity: 'fast'"),
+    ("--sim-dirty-rate", "-1Mi", "must not be negative: '-1Mi'"),
+    ("--migration-report-interval", "0", "must be more than 0: '0'")])
+def test_the_simulation_options_are_checked(flag: str, value: str, error: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        agent_main(["run", "--node", "n", "--nats-url", "nats://127.0.0.1:1", f"{flag}={value}"])
+    assert exited.value.code == 2
+    assert f"argument {flag}: {error}" in capsys.readouterr().err
