@@ -356,6 +356,22 @@ async def test_a_failed_migration_leaves_the_target_empty(pair: Pair) -> None:
         await target.close()
 
 
+async def test_a_target_without_free_devices_is_not_ready(pair: Pair) -> None:
+    reports = await reports_of(pair.source)
+    target = await pair.agent(pair.target, tun_devices=0)
+    try:
+        ref = VMIRef(pair.target.namespace, "crowded", str(uuid.uuid4()))
+        await do(pair.target, target, work("migrate-prepare", ref, pair.order(), vmi(ref)))
+        failed = await next_report(reports, migration_report(pair.target.node, "failed"))
+        assert failed.migration is not None
+        assert failed.migration.reason.startswith(
+            "target not ready: devices.kubevirt.io/tun: 0 of 0 free"), failed.migration.reason
+        assert target.agent.migrations.book.incoming == {}
+        assert target.agent.ledger.holders() == frozenset()
+    finally:
+        await target.close()
+
+
 async def test_migration_work_that_makes_no_sense_is_rejected(pair: Pair) -> None:
     """No order, an order that names other nodes or negative limits, no VMI, a guest that is
     not here: each rejected (counted, terminated); those that name this node as the side the
