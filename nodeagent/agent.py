@@ -36,6 +36,9 @@ but have no domain any more as gone, and removes domains that no active VMI here
 A domain that stops on its own (guest poweroff, crash) is removed once reported, so the
 VMI's replacement can take its name.
 
+Live migration's verbs, and what a restart makes of a migration, are `nodeagent.migrating`'s;
+the agent hands them over where it checks work, starts, reconciles and stops.
+
 With `sim_state` (test driver only) the simulated host is kept in a file (see
 `nodeagent.simhost`), saved after each change the agent makes or reports and before it
 reports or acknowledges it, so what the cluster heard of is on file. A kill between a
