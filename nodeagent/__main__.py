@@ -7,6 +7,7 @@ import asyncio
 import signal
 import sys
 
+from events.api.resources import quantity
 from events.connect import NATS_FAILURES, add_arguments, stopped_by
 from events.logs import configure
 from nodeagent.agent import AgentConfig, NodeAgent
@@ -14,12 +15,44 @@ from nodeagent.converter import defaults
 from nodeagent.defaults import (
     AGENT_VERSION,
     DEVICE_PLUGIN_CAPACITY,
+    MIGRATION_REPORT_INTERVAL_SECONDS,
     REDISCOVERY_INTERVAL_SECONDS,
+    SIMULATED_BANDWIDTH_BYTES_PER_SECOND,
+    SIMULATED_DIRTY_RATE_BYTES_PER_SECOND,
     TEST_HOST_CPU_MODEL,
 )
 from nodeagent.domxml import main_domxml
 from nodeagent.lifecycle import SimulationRefused
 from nodeagent.simhost import TEST_DEFAULT_URI
+
+
+def _bytes_per_second(text: str) -> int:
+    """A Kubernetes quantity (`64Mi`, `1G`) of bytes per second, for argparse."""
+    try:
+        value = int(quantity(text))
+    except (ValueError, ArithmeticError):
+        raise argparse.ArgumentTypeError(f"not a quantity: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+    return value
+
+
+def _link_bandwidth(text: str) -> int:
+    """A simulated link's bytes per second: a link that sends nothing never converges."""
+    value = _bytes_per_second(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0: {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0: {text!r}")
+    return value
 
 
 async def _serve(agent: NodeAgent) -> None:
@@ -72,6 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agent-version", default=AGENT_VERSION,
                    help="the version this agent reports; VMIs an older one launched are "
                         "outdated and the workload update strategy moves them")
+    p.add_argument("--sim-migration-bandwidth", type=_link_bandwidth,
+                   default=SIMULATED_BANDWIDTH_BYTES_PER_SECOND, metavar="QUANTITY",
+                   help="bytes per second of the test driver's simulated migration link "
+                        "(a migration's own bandwidth limit applies when lower)")
+    p.add_argument("--sim-dirty-rate", type=_bytes_per_second,
+                   default=SIMULATED_DIRTY_RATE_BYTES_PER_SECOND, metavar="QUANTITY",
+                   help="bytes per second a simulated guest dirties during a migration, "
+                        "unless its VMI's virtbus.io/simulated-dirty-rate annotation says")
+    p.add_argument("--migration-report-interval", type=_positive_seconds,
+                   default=MIGRATION_REPORT_INTERVAL_SECONDS, metavar="S",
+                   help="seconds between a migration's progress reports")
     sub.add_parser("domxml", help="print the domain XML of a VMI/VM manifest (-f FILE)")
     args = parser.parse_args(argv)
     configure()
@@ -81,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
                       libvirt_uri=args.libvirt_uri, kvm_devices=args.kvm_devices,
                       tun_devices=args.tun_devices, host_cpu_model=args.host_cpu_model,
                       disk_dir=args.disk_dir, rediscovery_seconds=args.rediscovery_interval,
-                      sim_state=args.sim_state, agent_version=args.agent_version)
+                      sim_state=args.sim_state, agent_version=args.agent_version,
+                      sim_migration_bandwidth=args.sim_migration_bandwidth,
+                      sim_dirty_rate=args.sim_dirty_rate,
+                      migration_report_seconds=args.migration_report_interval)
     try:
         agent = NodeAgent(cfg)
     except SimulationRefused as e:

@@ -36,6 +36,9 @@ but have no domain any more as gone, and removes domains that no active VMI here
 A domain that stops on its own (guest poweroff, crash) is removed once reported, so the
 VMI's replacement can take its name.
 
+Live migration's verbs, and what a restart makes of a migration, are `nodeagent.migrating`'s;
+the agent hands them over where it checks work, starts, reconciles and stops.
+
 With `sim_state` (test driver only) the simulated host is kept in a file (see
 `nodeagent.simhost`), saved after each change the agent makes or reports and before it
 reports or acknowledges it, so what the cluster heard of is on file. A kill between a
@@ -98,9 +101,12 @@ from nodeagent.defaults import (
     DOMAIN_MISSING_REASON,
     DOWNWARD_METRICS_INTERVAL_SECONDS,
     FETCH_WAIT_SECONDS,
+    MIGRATION_REPORT_INTERVAL_SECONDS,
     READ_SERVICE_RETRY_SECONDS,
     READ_SERVICE_WAIT_SECONDS,
     REDISCOVERY_INTERVAL_SECONDS,
+    SIMULATED_BANDWIDTH_BYTES_PER_SECOND,
+    SIMULATED_DIRTY_RATE_BYTES_PER_SECOND,
     TEST_HOST_CPU_MODEL,
     WORK_MAX_DELIVER,
 )
@@ -108,9 +114,11 @@ from nodeagent.devices import DeviceLedger
 from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
 from nodeagent.domxml import parse_manifest
 from nodeagent.hostpaths import HostPathError
+from nodeagent.migrating import Migrations
 from nodeagent.phases import GuestPhase, Observation, StopCause, judge
 from nodeagent.simhost import TEST_DEFAULT_URI, for_agent
 from nodeagent.virterror import quiet_libvirt_errors
+from nodeagent.vmiref import VMIRef as VMIRef  # noqa: PLC0414 (re-exported)
 from nodeagent.watcher import LifecycleWatcher, to_asyncio
 from nodeagent.worklog import open_worklog
 
@@ -133,20 +141,12 @@ def _serving(correlation_id: str) -> Iterator[None]:
 VMI_KIND = "VirtualMachineInstance"
 KUBEVIRT_KIND = "KubeVirt"
 FINISHED = frozenset({GuestPhase.SUCCEEDED, GuestPhase.FAILED})
+LAUNCHING_VERBS = frozenset({"launch", "migrate-finish"})
+"""The verbs that start a guest: a failure to is reported as the VMI's."""
 
 
 class ReadServiceUnavailable(VirtbusError):
     """The read service did not answer (yet)."""
-
-
-class VMIRef(msgspec.Struct, frozen=True):
-    namespace: str
-    name: str
-    uid: str
-
-    @property
-    def domain(self) -> str:
-        return domain_name(self.namespace, self.name)
 
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -170,6 +170,11 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     sim_state: str = ""
     """A file to keep the test driver's host in (`--sim-state`); '' keeps it in memory."""
     agent_version: str = AGENT_VERSION
+    sim_migration_bandwidth: int = SIMULATED_BANDWIDTH_BYTES_PER_SECOND
+    """Bytes per second of the test driver's simulated migration link."""
+    sim_dirty_rate: int = SIMULATED_DIRTY_RATE_BYTES_PER_SECOND
+    """Bytes per second a simulated guest dirties, unless its VMI's annotation says."""
+    migration_report_seconds: float = MIGRATION_REPORT_INTERVAL_SECONDS
 
     @property
     def simulated(self) -> bool:
@@ -223,6 +228,7 @@ class NodeAgent:
         self.discovery = DiscoveryConfig(node_name=cfg.node, kvm_devices=cfg.kvm_devices,
                                          tun_devices=cfg.tun_devices, host_cpu_model=cpu_model,
                                          agent_version=cfg.agent_version)
+        self.migrations = Migrations(self)
 
     # -- start-up ----------------------------------------------------------------------
 
@@ -247,6 +253,7 @@ class NodeAgent:
                 return
             self.worklog = opened.result()
             await self._adopt_domains()
+            await self.migrations.resume()
             await self.report_host(force=True)
             sim = await self.nc.subscribe(self.layout.agent_subject(self.cfg.node, "sim"),
                                           cb=self._on_sim)
@@ -256,7 +263,8 @@ class NodeAgent:
                               domains=len(self.domains))
                 self.started.set()
                 await asyncio.gather(self._consume(stop), self._pump(observations, stop),
-                                     self._rediscover(stop), self._refresh_metrics(stop))
+                                     self._rediscover(stop), self._refresh_metrics(stop),
+                                     self.migrations.serve(stop))
             await heartbeat
             await sim.unsubscribe()
         finally:
@@ -287,6 +295,7 @@ class NodeAgent:
             except ReadServiceUnavailable as e:
                 self.log.warning("not reconciled: the read service did not answer", error=str(e))
                 return
+            await self.migrations.reconcile(assigned)
             present = {ref.uid for ref in self.domains.values()}
             for ref, phase, vmi in assigned.values():
                 if ref.uid in present:
@@ -389,7 +398,8 @@ class NodeAgent:
         if not self.active.is_set() or self.nc is None:
             return
         subject = self.layout.report_subject(self.cfg.node, report.kind)
-        report = msgspec.structs.replace(report, correlation_id=SERVING.get())
+        report = msgspec.structs.replace(report,
+                                         correlation_id=report.correlation_id or SERVING.get())
         js = self.nc.jetstream()
         await self._nats(lambda: js.publish(subject, msgspec.msgpack.encode(report),
                                             headers={"Nats-Msg-Id": report.id}),
@@ -559,6 +569,7 @@ class NodeAgent:
             await self._reject(msg, f"not a node command: {e}")
             return
         if refusal := self._refusal(command, msg.subject):
+            await self.migrations.refused(command, refusal)
             await self._reject(msg, refusal, event_id=command.event_id)
             return
         ref = VMIRef(command.namespace, command.name, command.uid)
@@ -586,7 +597,7 @@ class NodeAgent:
                 if isinstance(meta, dict) else []
             if names != [command.namespace, command.name, command.uid]:
                 return "its VMI is not the one the command names"
-        return ""
+        return self.migrations.refusal(command)
 
     async def _reject(self, msg: Msg, reason: str, *, event_id: str = "",
                       error: Exception | None = None) -> None:
@@ -612,8 +623,8 @@ class NodeAgent:
                 await self.execute(command, ref)
         except (VirtbusError, libvirt.libvirtError) as e:
             self.log.warning("node command failed", error=str(e))
-            if command.verb == "launch":
-                await self.report_domain(ref, GuestPhase.FAILED, f"launch failed: {e}")
+            if command.verb in LAUNCHING_VERBS:
+                await self.report_launch_failed(ref, e)
         finally:
             self.in_progress.pop(ref.domain, None)
         await self._nats(lambda: self.worklog.record_applied(command), "recording applied work")
@@ -622,7 +633,7 @@ class NodeAgent:
     async def execute(self, command: NodeCommand, ref: VMIRef) -> None:
         match command.verb:
             case "launch":
-                await self._launch(command, ref)
+                await self._launch(command.vmi, ref)
             case "stop":
                 outcome = await self._remove(ref, command.grace_period_seconds)
                 await self.report_domain(ref, GuestPhase.SUCCEEDED,
@@ -636,17 +647,19 @@ class NodeAgent:
             case "restart":
                 await asyncio.to_thread(lifecycle.restart, self.conn, ref.domain, self.watcher)
                 await self._persist()
+            case _:
+                await self.migrations.execute(command, ref)
 
-    async def _launch(self, command: NodeCommand, ref: VMIRef) -> None:
+    async def _launch(self, vmi: dict[str, Any] | None, ref: VMIRef) -> None:
         """Convert, create the metrics disks, define and start. Every host path is made and
         checked (`nodeagent.hostpaths`) by the conversion, before any file is created or
         the domain defined: a path outside the VMI's directory fails the launch."""
         if await self._nats(lambda: self.worklog.finished(ref.uid), "looking up a finished VMI"):
             self.log.info("launch of a finished VMI: nothing to do", uid=ref.uid)
             return
-        if command.vmi is None:
+        if vmi is None:
             raise InvalidSpec("vmi", "a launch needs the VMI")
-        spec, ctx = parse_manifest(command.vmi, domain_type=self.domain_type,
+        spec, ctx = parse_manifest(vmi, domain_type=self.domain_type,
                                    disk_dir=self.cfg.disk_dir)
         xml = convert(spec, ctx)
         metrics_disks = downwardmetrics.disk_paths(spec, ctx)
@@ -659,6 +672,9 @@ class NodeAgent:
         await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml)
         await self._persist()
         await self.report_domain(ref, GuestPhase.RUNNING, "launched")
+
+    async def report_launch_failed(self, ref: VMIRef, error: Exception) -> None:
+        await self.report_domain(ref, GuestPhase.FAILED, f"launch failed: {error}")
 
     async def _pump(self, observations: asyncio.Queue[Observation], stop: asyncio.Event) -> None:
         """Report what libvirt says of our guests; what NATS fails for a moment is retried

@@ -36,3 +36,15 @@ creates with the installation."""
 FETCH_WAIT_SECONDS: Final = 1.0
 """How long one pull for node work waits on the server before the agent looks at its stop
 and its silence again."""
+SIMULATED_BANDWIDTH_BYTES_PER_SECOND: Final = 125_000_000
+"""The link a test-driver agent's simulated migrations go over: 1 Gbit/s, so a 1Gi guest
+takes some 9 s and its progress can be watched (`--sim-migration-bandwidth`)."""
+SIMULATED_DIRTY_RATE_BYTES_PER_SECOND: Final = 0
+"""How fast a guest dirties its memory in a simulated migration, unless its VMI says
+otherwise (`virtbus.io/simulated-dirty-rate`): an idle guest (`--sim-dirty-rate`)."""
+MIGRATION_REPORT_INTERVAL_SECONDS: Final = 1.0
+"""How often the source steps a simulated transfer and reports its progress (KubeVirt's
+migration monitor polls libvirt's job stats every 400 ms; a report a second is enough for a
+status that shows progress)."""
+SOURCE_RESTARTED_REASON: Final = "source agent restarted"
+"""Why a migration the source was transferring when its agent stopped has failed."""

@@ -13,6 +13,12 @@ installation's applied-work KV bucket (`Layout.applied_bucket`), under its own n
 | `<node>.vmi.<uid>`       | the VMI is about to be reported         | a launch of that uid does |
 |                          | Succeeded or Failed, or its domain was  | nothing                   |
 |                          | removed as no active VMI's              |                           |
+| `<node>.migrations`      | a migration to or from this node is     | a restarted agent knows   |
+|                          | prepared, started, converged, finished, | what it was migrating     |
+|                          | cleaned up or aborted                   | (`MigrationBook`)         |
+
+The migrations are one key, read whole at start: an agent may read its own keys but not list
+them.
 
 A bucket rather than a file beside the host: it is there for every libvirt URI (a real host
 has no `--sim-state`, the in-memory test host no file), is replicated like the streams it
@@ -23,13 +29,14 @@ its own. Entries have no TTL: any window would be one more that a replay can out
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgspec
 from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from events.messages import NodeCommand
+from events.messages import MigrationOrder, NodeCommand
 from events.subjects import Layout, encode_token
 from nodeagent.defaults import WORKLOG_POLL_SECONDS
 
@@ -48,6 +55,34 @@ class FinishedVMI(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
 
 
+class OutgoingMigration(msgspec.Struct, frozen=True, kw_only=True):
+    """A migration this node is the source of, recorded before its transfer starts."""
+
+    order: MigrationOrder
+    namespace: str
+    name: str
+    event_id: str
+    """The `migrate` work item's: marked applied when a restart fails the transfer, so a
+    redelivery of it starts none."""
+    converged: bool = False
+    """Ready to switch over; kept until migrate-cleanup or migrate-abort."""
+
+
+class IncomingMigration(msgspec.Struct, frozen=True, kw_only=True):
+    """A migration this node is the target of, recorded once prepared."""
+
+    order: MigrationOrder
+    vmi: dict[str, Any]
+    """The VMI as prepared: what migrate-finish (or a restart's reconcile) starts."""
+
+
+class MigrationBook(msgspec.Struct, kw_only=True):
+    """Every migration this node is part of, by VMI uid (a VMI migrates once at a time)."""
+
+    outgoing: dict[str, OutgoingMigration] = {}
+    incoming: dict[str, IncomingMigration] = {}
+
+
 class WorkLog:
     """One node's keys in the applied-work bucket."""
 
@@ -62,9 +97,22 @@ class WorkLog:
         return await self._has(f"{self.node}.vmi.{encode_token(uid)}")
 
     async def record_applied(self, command: NodeCommand) -> None:
-        done = AppliedWork(uid=command.uid, verb=command.verb, command_id=command.command_id)
-        await self.kv.put(f"{self.node}.work.{encode_token(command.event_id)}",
+        await self.mark_applied(command.event_id, AppliedWork(
+            uid=command.uid, verb=command.verb, command_id=command.command_id))
+
+    async def mark_applied(self, event_id: str, done: AppliedWork) -> None:
+        await self.kv.put(f"{self.node}.work.{encode_token(event_id)}",
                           msgspec.msgpack.encode(done))
+
+    async def migrations(self) -> MigrationBook:
+        try:
+            entry = await self.kv.get(f"{self.node}.migrations")
+        except KeyNotFoundError:
+            return MigrationBook()
+        return msgspec.msgpack.decode(entry.value or b"", type=MigrationBook)
+
+    async def record_migrations(self, book: MigrationBook) -> None:
+        await self.kv.put(f"{self.node}.migrations", msgspec.msgpack.encode(book))
 
     async def record_finished(self, uid: str, reason: str) -> None:
         await self.kv.put(f"{self.node}.vmi.{encode_token(uid)}",
