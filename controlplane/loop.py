@@ -28,6 +28,7 @@ from controlplane.defaults import (
     CONTROLLER_RETRIES,
     NODE_MONITOR_GRACE_SECONDS,
     NODE_MONITOR_PERIOD_SECONDS,
+    VM_BACKOFF_CHECK_PERIOD_SECONDS,
 )
 from controlplane.writer import Writer
 from events.aio import pause_unless_stopped
@@ -54,7 +55,8 @@ class ControlLoop:
         self.layout = layout
         self.writer = writer
         self.state = ClusterState()
-        self.controllers: list[Controller] = [VMController(), Scheduler(), HCOController()]
+        self.vms = VMController()
+        self.controllers: list[Controller] = [self.vms, Scheduler(), HCOController()]
         self.dispatcher = Dispatcher(nc, layout)
         self.lifecycle = NodeLifecycle(nc, layout, node_grace_seconds)
         self.live = asyncio.Event()
@@ -73,6 +75,7 @@ class ControlLoop:
                    stop=stop),
             self._watch_heartbeats(stop),
             self._monitor_nodes(stop),
+            self._wake_backoffs(stop),
         )
 
     async def _watch_heartbeats(self, stop: asyncio.Event) -> None:
@@ -124,6 +127,14 @@ class ControlLoop:
                 await self.execute(self.lifecycle.check(self.state))
             last = time.monotonic()
             await pause_unless_stopped(stop, NODE_MONITOR_PERIOD_SECONDS)
+
+    async def _wake_backoffs(self, stop: asyncio.Event) -> None:
+        """Start the VMs whose crash-loop backoff ran out: no event marks that moment, so the
+        VM controller is asked on a clock (what is due is read from the state each time)."""
+        await self.live.wait()
+        while not stop.is_set():
+            await self.execute(self.vms.due(self.state))
+            await pause_unless_stopped(stop, VM_BACKOFF_CHECK_PERIOD_SECONDS)
 
     async def execute(self, commands: list[Command]) -> None:
         """Run controller commands, all at once (the writer orders those on one object);
