@@ -143,6 +143,8 @@ class VirtualMachineView(View):
         """The VMI the last Stop state change request stops ('' for none)."""
         self.restart_count = 0
         self.start_failure: StartFailure | None = None
+        self.creations = 0
+        """Times a VM of this name was created (kubevirt_vm_created_total counts them)."""
 
     @property
     def run_strategy(self) -> str:
@@ -166,7 +168,7 @@ class VirtualMachineView(View):
                 self.exists, self.uid, self.metadata, self.spec = True, uid, meta, spec
                 self.created_at, self.generation = event.timestamp, 1
                 self.stop_requested_uid, self.restart_count = "", 0
-                self.start_failure = None
+                self.start_failure, self.creations = None, self.creations + 1
                 # KubeVirt starts a RerunOnFailure VM whose status.runStrategy differs (new).
                 self.start_requested = spec.effective_run_strategy == "RerunOnFailure"
             case VirtualMachineUpdated(metadata=meta, spec=spec, generation=gen):
