@@ -172,7 +172,8 @@ class VirtualMachineView(View):
                 # KubeVirt starts a RerunOnFailure VM whose status.runStrategy differs (new).
                 self.start_requested = spec.effective_run_strategy == "RerunOnFailure"
             case VirtualMachineUpdated(metadata=meta, spec=spec, generation=gen):
-                if spec.effective_run_strategy == "RerunOnFailure" != self.run_strategy:
+                rerun = spec.effective_run_strategy == "RerunOnFailure"
+                if rerun and self.run_strategy != "RerunOnFailure":
                     self.start_requested = True  # switched to it: started, as when created
                 self.metadata, self.spec, self.generation = meta, spec, gen
             case VirtualMachineRunStrategyChanged(run_strategy=rs, generation=gen):

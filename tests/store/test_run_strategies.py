@@ -321,3 +321,14 @@ def test_no_node_fits_is_error_unschedulable(cluster: Cluster) -> None:
     cluster.apply("huge", memory="1Ti")
     cluster.settle()
     assert status(cluster, "huge") == "ErrorUnschedulable"
+
+
+def test_switching_to_rerun_on_failure_starts_the_vm(cluster: Cluster) -> None:
+    """KubeVirt starts a RerunOnFailure VM whose strategy just changed to it, as a new one."""
+    cluster.apply("batch", "Halted")
+    cluster.settle()
+    assert cluster.state.vmi("default", "batch") is None
+    cluster.apply("batch", "RerunOnFailure")
+    cluster.settle()
+    assert cluster.uid("batch")
+    assert "stateChangeRequests" not in cluster.vm("batch")["status"]  # the Start was met
