@@ -88,8 +88,10 @@ TRANSITION_CONDITIONS: Final = ("Ready", "Failure", "Paused")
 
 
 def _system_info(annotations: dict[str, str]) -> tuple[str, str, str]:
-    return tuple(annotations.get(ANNOTATION_PREFIX + key, "")  # type: ignore[return-value]
-                 for key in ("os", "workload", "flavor"))
+    """The os, workload and flavor a template's `vm.kubevirt.io/` annotations name."""
+    os_, workload, flavor = (annotations.get(ANNOTATION_PREFIX + key, "")
+                             for key in ("os", "workload", "flavor"))
+    return os_, workload, flavor
 
 
 def _named(annotations: dict[str, str], keys: tuple[str, ...]) -> str:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from projections.cluster import ClusterState
 from projections.http import respond
 from projections.service import render
 from tests.store.test_run_strategies import Cluster, cluster  # noqa: F401  (the fixture)
 
 
-def scrape(cluster_state: object) -> str:
-    code, _, body = respond(cluster_state, render, "/metrics")  # type: ignore[arg-type]
+def scrape(state: ClusterState) -> str:
+    code, _, body = respond(state, render, "/metrics")
     assert code == 200
     return body.decode()
 
