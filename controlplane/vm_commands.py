@@ -140,10 +140,15 @@ def stop(d: Decision) -> None:
             d.trigger(vm, VirtualMachineRunStrategyChanged, run_strategy="Halted",
                       generation=vm.state.generation + 1)
         case "Halted":
-            if not live:
+            if vmi is None or not live:
                 raise Rejected("VM is not running")
-            raise Rejected("Halted only supports manual stop requests with a shorter "
-                           "graceperiod")
+            grace = d.command.grace_period_seconds
+            current = vmi.spec.termination_grace_period_seconds if vmi.spec else None
+            if grace is None or (current is not None and grace >= current):
+                raise Rejected("Halted only supports manual stop requests with a shorter "
+                               "graceperiod")
+            raise Rejected("shortening the grace period of a stopping VM is not supported "
+                           "yet")
         case _:
             if vmi is None or not live:
                 raise Rejected("VM is not running")

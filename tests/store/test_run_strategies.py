@@ -247,6 +247,10 @@ def test_start_stop_restart_per_strategy_as_kubevirt_answers(cluster: Cluster) -
     assert answer("stop", "halted") == "accepted"  # it is Always now: runStrategy -> Halted
     assert answer("stop", "halted") == \
         "Halted only supports manual stop requests with a shorter graceperiod"
+    forced = cluster.run(Command(id=str(uuid.uuid4()), actor="user:erin",
+                                 kind="VirtualMachine", verb="stop", namespace="default",
+                                 name="halted", grace_period_seconds=0))
+    assert forced.reason == "shortening the grace period of a stopping VM is not supported yet"
     cluster.report("halted", "Succeeded", gone=True)  # its node stopped it
     assert answer("stop", "halted") == "VM is not running"
     assert answer("restart", "halted") == \
