@@ -37,3 +37,10 @@ SCORE_WEIGHT_NODE_RESOURCES_FIT: Final = 1
 """kube-scheduler's default profile weights of its scoring plugins."""
 MAX_NODE_SCORE: Final = 100
 """framework.MaxNodeScore: each plugin's scores are normalized to 0..100."""
+CRASH_LOOP_BACKOFF_MAX_DELAY_SECONDS: Final = 300
+"""KubeVirt's defaultMaxCrashLoopBackoffDelaySeconds: the longest wait before a VM whose VMIs
+keep failing to start gets another."""
+CRASH_LOOP_BACKOFF_MIN_INTERVAL_SECONDS: Final = 10
+"""KubeVirt's minInterval of `calculateStartBackoffTime`: the first failure's base delay."""
+VM_BACKOFF_CHECK_PERIOD_SECONDS: Final = 1.0
+"""How often the VM controller looks for VMs whose crash-loop backoff has run out."""

@@ -29,6 +29,7 @@ from controlplane.defaults import (
     CONTROLLER_RETRIES,
     NODE_MONITOR_GRACE_SECONDS,
     NODE_MONITOR_PERIOD_SECONDS,
+    VM_BACKOFF_CHECK_PERIOD_SECONDS,
 )
 from controlplane.drain.controller import EvacuationController
 from controlplane.migration.controller import MigrationController
@@ -59,7 +60,8 @@ class ControlLoop:
         self.writer = writer
         self.state = ClusterState()
         self.workload_updater = WorkloadUpdater()
-        self.controllers: list[Controller] = [VMController(), Scheduler(), HCOController(),
+        self.vms = VMController()
+        self.controllers: list[Controller] = [self.vms, Scheduler(), HCOController(),
                                               MigrationController(), EvacuationController(),
                                               self.workload_updater]
         self.dispatcher = Dispatcher(nc, layout)
@@ -80,6 +82,7 @@ class ControlLoop:
                    stop=stop),
             self._watch_heartbeats(stop),
             self._monitor_nodes(stop),
+            self._wake_backoffs(stop),
         )
 
     async def _watch_heartbeats(self, stop: asyncio.Event) -> None:
@@ -133,6 +136,14 @@ class ControlLoop:
                 await self.execute(self.workload_updater.tick(self.state, datetime.now(UTC)))
             last = time.monotonic()
             await pause_unless_stopped(stop, NODE_MONITOR_PERIOD_SECONDS)
+
+    async def _wake_backoffs(self, stop: asyncio.Event) -> None:
+        """Start the VMs whose crash-loop backoff ran out: no event marks that moment, so the
+        VM controller is asked on a clock (what is due is read from the state each time)."""
+        await self.live.wait()
+        while not stop.is_set():
+            await self.execute(self.vms.due(self.state))
+            await pause_unless_stopped(stop, VM_BACKOFF_CHECK_PERIOD_SECONDS)
 
     async def execute(self, commands: list[Command]) -> None:
         """Run controller commands, all at once (the writer orders those on one object);

@@ -34,6 +34,7 @@ from events.vm import (
     VirtualMachineInstanceScheduled,
     VirtualMachineInstanceUnpaused,
     VirtualMachineInstanceUnschedulable,
+    VirtualMachineStartRequestDone,
 )
 from projections.views import (
     TERMINAL_PHASES,
@@ -97,11 +98,12 @@ def apply(d: Decision) -> None:
 
 @handles(KIND, "create-for-vm", internal=True)
 def create_for_vm(d: Decision) -> None:
-    """The VM controller's: a VMI from the VM's template, at the VM's restart count."""
+    """The VM controller's: a VMI from the VM's template, at the VM's restart count; it meets
+    the VM's Start request, if one waits."""
     cmd = d.command
     vm = d.load(aggregate_id(VM_KIND, cmd.namespace, cmd.name), VirtualMachineView)
     vmi = load_vmi(d)
-    if not vm.exists or not vm.state.wants_running or vmi.exists or vm.state.spec is None:
+    if not vm.exists or not vm.state.starts_without_vmi or vmi.exists or vm.state.spec is None:
         raise Rejected("no longer needed")
     template = vm.state.spec.template
     try:
@@ -118,6 +120,8 @@ def create_for_vm(d: Decision) -> None:
     d.trigger(vmi, VirtualMachineInstanceCreated, uid=str(uuid.uuid4()), metadata=meta,
               spec=with_cluster_cpu_model(d, template.spec), owner=cmd.name,
               restart_count=vm.state.restart_count)
+    if vm.state.start_requested:
+        d.trigger(vm, VirtualMachineStartRequestDone)
 
 
 @handles(KIND, "schedule", internal=True)

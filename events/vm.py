@@ -47,7 +47,9 @@ class VirtualMachineUpdated(Event, frozen=True, kw_only=True):
 
 @event_type("VirtualMachineRunStrategyChanged")
 class VirtualMachineRunStrategyChanged(Event, frozen=True, kw_only=True):
-    """`virtctl start|stop` on Always/Halted rewrites spec.runStrategy, as KubeVirt does."""
+    """`virtctl start|stop` on Always/Halted/Once switches the VM to Always or Halted, in the
+    form the user wrote: `spec.runStrategy`, or `spec.running: true|false` on a VM that uses
+    `running` (KubeVirt's `getRunningPatch`)."""
 
     run_strategy: str
     generation: int
@@ -55,9 +57,34 @@ class VirtualMachineRunStrategyChanged(Event, frozen=True, kw_only=True):
 
 @event_type("VirtualMachineStateChangeRequested")
 class VirtualMachineStateChangeRequested(Event, frozen=True, kw_only=True):
-    """`start`/`stop` on runStrategy Manual: a request in status.stateChangeRequests."""
+    """A request in status.stateChangeRequests (`start`/`stop` on Manual and RerunOnFailure,
+    the VM controller rerunning a failed RerunOnFailure VMI). A Start waits for the next VMI;
+    a Stop names the VMI it stops (`uid`). Either clears status.startFailure."""
 
     action: StateChange
+    uid: str = ""
+
+
+@event_type("VirtualMachineStartRequestDone")
+class VirtualMachineStartRequestDone(Event, frozen=True, kw_only=True):
+    """The pending Start request was met: a VMI was created for it (KubeVirt trims the
+    request once the VMI exists)."""
+
+
+@event_type("VirtualMachineStartFailed")
+class VirtualMachineStartFailed(Event, frozen=True, kw_only=True):
+    """VMI `vmi_uid` finished without ever running: status.startFailure, and no new VMI
+    before the event's time plus `delay_seconds` (KubeVirt's crash-loop backoff)."""
+
+    vmi_uid: str
+    consecutive_fail_count: int
+    delay_seconds: int
+
+
+@event_type("VirtualMachineStartFailureCleared")
+class VirtualMachineStartFailureCleared(Event, frozen=True, kw_only=True):
+    """A VMI of the VM reached Running, or the run strategy no longer restarts failed VMIs:
+    the crash-loop backoff starts over."""
 
 
 @event_type("VirtualMachineRestartRequested")

@@ -4,7 +4,7 @@ KubeVirt's JSON shape with `status`."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import msgspec
@@ -21,6 +21,7 @@ from projections.hco import HCO_VIEW_KINDS
 from projections.migratable import not_migratable
 from projections.migration import MigrationView, WorkloadUpdateView, render_migration_state
 from projections.views import (
+    RESTARTING_STRATEGIES,
     NodeView,
     View,
     VirtualMachineInstanceView,
@@ -130,27 +131,61 @@ class ClusterState:
 # -- rendering in KubeVirt's shape -----------------------------------------------------------
 
 
+STARTING_PHASES = frozenset({"", "Pending", "Scheduling", "Scheduled"})
+PrintablePredicate = Callable[[VirtualMachineView, VirtualMachineInstanceView | None], bool]
+
+
+def _crash_loop_back_off(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) -> bool:
+    return ((vmi is None or vmi.final) and vm.start_failure is not None
+            and vm.start_failure.consecutive_fail_count > 0
+            and vm.run_strategy in RESTARTING_STRATEGIES)
+
+
+PRINTABLE_STATUSES: tuple[tuple[str, PrintablePredicate], ...] = (
+    ("Terminating", lambda vm, vmi: not vm.exists),
+    ("Stopping", lambda vm, vmi: vmi is not None and not vmi.final
+     and vmi.deletion_requested_at is not None),
+    ("Migrating", lambda vm, vmi: vmi is not None and vmi.migrating),
+    ("Paused", lambda vm, vmi: vmi is not None and vmi.phase == "Running" and vmi.paused),
+    ("Running", lambda vm, vmi: vmi is not None and vmi.phase == "Running" and not vmi.paused),
+    ("ErrorUnschedulable", lambda vm, vmi: vmi is not None and bool(vmi.unschedulable_message)),
+    ("Starting", lambda vm, vmi: vmi is not None and vmi.phase in STARTING_PHASES),
+    ("CrashLoopBackOff", _crash_loop_back_off),
+    ("Stopped", lambda vm, vmi: vmi is None or vmi.final),
+)
+"""KubeVirt's `setPrintableStatus`, first match wins, in its order:
+
+| printableStatus         | when                                              | in virtbus       |
+|-------------------------|---------------------------------------------------|------------------|
+| Terminating             | the VM is being deleted                           | never: a VM is   |
+|                         |                                                   | deleted at once  |
+| Stopping                | the VMI, not final, is being deleted              | yes              |
+| Migrating               | the VMI is migrating                              | `migrating`      |
+| Paused                  | VMI Running with the Paused condition             | yes              |
+| Running                 | VMI Running, not paused                           | yes              |
+| ErrorPvcNotFound        | VMI Synchronized=False FailedPvcNotFound          | never: no PVCs   |
+| DataVolumeError         | a DataVolume of the VM failed                     | never: no DVs    |
+| ErrorUnschedulable      | VMI PodScheduled=False Unschedulable              | yes              |
+| Provisioning            | a DataVolume of the VM is being provisioned       | never: no DVs    |
+| WaitingForVolumeBinding | set to start, a PVC unbound                       | never: no PVCs   |
+| ErrImagePull            | VMI Synchronized=False ErrImagePull               | never: no pulls  |
+| ImagePullBackOff        | VMI Synchronized=False ImagePullBackOff           | never: no pulls  |
+| Starting                | VMI Pending / Scheduling / Scheduled              | yes              |
+| CrashLoopBackOff        | no VMI or a final one, start failures counted,    | yes              |
+|                         | Always / RerunOnFailure / Once                    |                  |
+| Stopped                 | no VMI, or a final one                            | yes              |
+| Unknown                 | none of the above                                 | unreachable      |
+
+The rows marked never have no predicate here: virtbus has no PVCs, DataVolumes or image
+pulls to ask about."""
+
+
 def printable_status(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) -> str:
-    """KubeVirt's VirtualMachine printableStatus, for the states virtbus models."""
-    if vmi is None:
-        return "Stopped"
-    if vmi.deletion_requested_at is not None:
-        return "Stopping" if vm.exists else "Terminating"
-    match vmi.phase:
-        case "Pending" if vmi.unschedulable_message:
-            return "ErrorUnschedulable"
-        case "Pending" | "Scheduling":
-            return "Provisioning" if not vmi.node else "Starting"
-        case "Scheduled":
-            return "Starting"
-        case "Running":
-            return "Paused" if vmi.paused else "Running"
-        case "Succeeded":
-            return "Stopped"
-        case "Failed":
-            return "CrashLoopBackOff" if vm.run_strategy == "Always" else "Stopped"
-        case _:
-            return "Unknown"
+    """KubeVirt's VirtualMachine printableStatus (see `PRINTABLE_STATUSES`)."""
+    for status, holds in PRINTABLE_STATUSES:
+        if holds(vm, vmi):
+            return status
+    return "Unknown"
 
 
 def paused_condition(vmi: VirtualMachineInstanceView | None) -> list[dict[str, Any]]:
@@ -194,6 +229,17 @@ def spec_honoured_condition(vmi: VirtualMachineInstanceView) -> list[dict[str, A
              "lastTransitionTime": iso(vmi.created_at)}]
 
 
+def pending_state_changes(vm: VirtualMachineView,
+                          vmi: VirtualMachineInstanceView | None) -> list[dict[str, str]]:
+    """status.stateChangeRequests: a Stop of the VMI still there, a Start no VMI has met."""
+    requests = []
+    if vmi is not None and vm.stop_requested_uid == vmi.uid:
+        requests.append({"action": "Stop", "uid": vmi.uid})
+    if vm.start_requested:
+        requests.append({"action": "Start"})
+    return requests
+
+
 def render_vm(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) -> dict[str, Any]:
     ready = vmi is not None and vmi.phase == "Running" and vmi.deletion_requested_at is None
     status: dict[str, Any] = {
@@ -209,8 +255,15 @@ def render_vm(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) ->
             "lastTransitionTime": iso(vmi.updated_at if vmi else vm.updated_at),
         }, *paused_condition(vmi)],
     }
-    if vm.run_strategy == "Manual" and vm.manual_running:
-        status["stateChangeRequests"] = []
+    if requests := pending_state_changes(vm, vmi):
+        status["stateChangeRequests"] = requests
+    if vm.start_failure is not None:
+        failure = vm.start_failure
+        status["startFailure"] = {
+            "consecutiveFailCount": failure.consecutive_fail_count,
+            "lastFailedVMIUID": failure.last_failed_vmi_uid,
+            "retryAfterTimestamp": iso(failure.retry_after),
+        }
     if vm.restart_count:
         status["restartCount"] = vm.restart_count
     return {

@@ -25,7 +25,7 @@ from events.policy import Policy, Request, resource_of
 from events.query import Answer, Query, queries_filter, query_asker
 from events.streams import wait_for_streams
 from events.subjects import Layout
-from projections import http
+from projections import http, vm_metrics
 from projections.cluster import (
     ClusterState,
     outdated_launcher,
@@ -80,7 +80,10 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
                     out.append(node_object(state, node, tuning))
         case kind if kind in HCO_KINDS:
             out = answer(state, kind, query.name, datetime.now(UTC))
-        case kind if kind in (METRICS_QUERY, ALERTS_QUERY):
+        case kind if kind == METRICS_QUERY:
+            [hco] = answer(state, kind, query.name, datetime.now(UTC))
+            return [{"text": hco["text"] + vm_metrics.exposition(state).decode()}]
+        case kind if kind == ALERTS_QUERY:
             return answer(state, kind, query.name, datetime.now(UTC))
     return sorted(out, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
 

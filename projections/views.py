@@ -13,7 +13,7 @@ struct in place, so a shallow copy (`View.copy`) folds apart from its original.
 from __future__ import annotations
 
 import copy
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Self
 
 import msgspec
@@ -64,6 +64,9 @@ from events.vm import (
     VirtualMachineInstanceUnschedulable,
     VirtualMachineRestartRequested,
     VirtualMachineRunStrategyChanged,
+    VirtualMachineStartFailed,
+    VirtualMachineStartFailureCleared,
+    VirtualMachineStartRequestDone,
     VirtualMachineStateChangeRequested,
     VirtualMachineUpdated,
 )
@@ -123,6 +126,18 @@ class View:
         return copy.copy(self)
 
 
+class StartFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """KubeVirt's status.startFailure: consecutive VMIs that finished without running."""
+
+    last_failed_vmi_uid: str
+    consecutive_fail_count: int
+    retry_after: datetime
+
+
+RESTARTING_STRATEGIES = frozenset({"Always", "RerunOnFailure", "Once"})
+"""The run strategies whose failed starts back off (the others forget start failures)."""
+
+
 class VirtualMachineView(View):
     def __init__(self, aggregate_id: str) -> None:
         super().__init__(aggregate_id)
@@ -130,20 +145,28 @@ class VirtualMachineView(View):
         self.metadata = ObjectMeta()
         self.spec: VirtualMachineSpec | None = None
         self.generation = 0
-        self.manual_running = False
+        self.start_requested = False
+        """A Start state change request no VMI has met yet."""
+        self.stop_requested_uid = ""
+        """The VMI the last Stop state change request stops ('' for none)."""
         self.restart_count = 0
+        self.start_failure: StartFailure | None = None
+        self.creations = 0
+        """Times a VM of this name was created (kubevirt_vm_created_total counts them)."""
 
     @property
     def run_strategy(self) -> str:
         return self.spec.effective_run_strategy if self.spec else "Halted"
 
     @property
-    def wants_running(self) -> bool:
+    def starts_without_vmi(self) -> bool:
+        """Whether, with no VMI, the run strategy has one created (KubeVirt's
+        `isSetToStart` with no VMI; a crash-loop backoff may still defer it)."""
         match self.run_strategy:
-            case "Always":
+            case "Always" | "Once":
                 return True
-            case "Manual":
-                return self.manual_running
+            case "Manual" | "RerunOnFailure":
+                return self.start_requested
             case _:
                 return False
 
@@ -152,19 +175,37 @@ class VirtualMachineView(View):
             case VirtualMachineCreated(uid=uid, metadata=meta, spec=spec):
                 self.exists, self.uid, self.metadata, self.spec = True, uid, meta, spec
                 self.created_at, self.generation = event.timestamp, 1
-                self.manual_running, self.restart_count = False, 0
+                self.stop_requested_uid, self.restart_count = "", 0
+                self.start_failure, self.creations = None, self.creations + 1
+                # KubeVirt starts a RerunOnFailure VM whose status.runStrategy differs (new).
+                self.start_requested = spec.effective_run_strategy == "RerunOnFailure"
             case VirtualMachineUpdated(metadata=meta, spec=spec, generation=gen):
+                rerun = spec.effective_run_strategy == "RerunOnFailure"
+                if rerun and self.run_strategy != "RerunOnFailure":
+                    self.start_requested = True  # switched to it: started, as when created
                 self.metadata, self.spec, self.generation = meta, spec, gen
             case VirtualMachineRunStrategyChanged(run_strategy=rs, generation=gen):
                 if self.spec is None:
                     self.ignore(event, "a run strategy change to a VM never created")
                     return
-                self.spec = msgspec.structs.replace(self.spec, run_strategy=rs, running=None)
+                self.spec = _with_run_strategy(self.spec, rs)
                 self.generation = gen
-            case VirtualMachineStateChangeRequested(action=action):
-                self.manual_running = action == "Start"
+            case VirtualMachineStateChangeRequested(action="Start"):
+                self.start_requested, self.start_failure = True, None
+            case VirtualMachineStateChangeRequested(action="Stop", uid=uid):
+                self.start_requested, self.stop_requested_uid = False, uid
+                self.start_failure = None
+            case VirtualMachineStartRequestDone():
+                self.start_requested = False
             case VirtualMachineRestartRequested(restart_count=n):
-                self.restart_count = n
+                self.restart_count, self.start_requested, self.start_failure = n, True, None
+            case VirtualMachineStartFailed(vmi_uid=uid, consecutive_fail_count=count,
+                                           delay_seconds=delay):
+                self.start_failure = StartFailure(
+                    last_failed_vmi_uid=uid, consecutive_fail_count=count,
+                    retry_after=event.timestamp + timedelta(seconds=delay))
+            case VirtualMachineStartFailureCleared():
+                self.start_failure = None
             case VirtualMachineDeleted():
                 self.exists = False
 
@@ -187,6 +228,14 @@ class MigrationState(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def in_flight(self) -> bool:
         return self.end is None
+
+
+def _with_run_strategy(spec: VirtualMachineSpec, run_strategy: str) -> VirtualMachineSpec:
+    """`spec` switched to Always or Halted in the form its author wrote (KubeVirt's
+    `getRunningPatch`): `running: true|false` where the VM uses `running`."""
+    if spec.run_strategy is None and spec.running is not None:
+        return msgspec.structs.replace(spec, running=run_strategy == "Always")
+    return msgspec.structs.replace(spec, run_strategy=run_strategy, running=None)
 
 
 class VirtualMachineInstanceView(View):
@@ -222,9 +271,29 @@ class VirtualMachineInstanceView(View):
         return m.target_node if m is not None and m.in_flight else ""
 
     @property
+    def migrating(self) -> bool:
+        """A live migration of the VMI is under way (KubeVirt's `migrations.IsMigrating`)."""
+        return bool(self.migration_target)
+
+    @property
     def active(self) -> bool:
         """Holds (or is about to hold) resources on a node."""
         return self.exists and self.phase not in TERMINAL_PHASES
+
+    @property
+    def final(self) -> bool:
+        """Succeeded or Failed (KubeVirt's `IsFinal`)."""
+        return self.phase in TERMINAL_PHASES
+
+    @property
+    def has_run(self) -> bool:
+        """Reached Running at some point (KubeVirt's `wasVMIInRunningPhase`)."""
+        return any(phase == "Running" for phase, _ in self.transitions)
+
+    @property
+    def failed_early(self) -> bool:
+        """Finished without ever running: a start failure (KubeVirt's `vmiFailedEarly`)."""
+        return self.final and not self.has_run
 
     @property
     def paused(self) -> bool:

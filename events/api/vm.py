@@ -16,7 +16,7 @@ DEFAULT_GRACE_PERIOD_SECONDS: Final = 180
 
 RUN_STRATEGIES: Final = ("Always", "Halted", "Manual", "RerunOnFailure", "Once",
                          "WaitAsReceiver")
-SUPPORTED_RUN_STRATEGIES: Final = ("Always", "Halted", "Manual")
+SUPPORTED_RUN_STRATEGIES: Final = ("Always", "Halted", "Manual", "RerunOnFailure", "Once")
 
 
 class PodDNSConfigOption(ApiStruct):

@@ -37,7 +37,8 @@ BAD_MANIFESTS: list[tuple[dict[str, Any], str, str]] = [
     ({**vm_manifest("x"), "spec": {"runStrategy": "Sometimes",
                                    "template": {"spec": {"domain": {}}}}},
      "spec.runStrategy", "must be one of Always, Halted, Manual"),
-    ({**vm_manifest("x"), "spec": {"runStrategy": "Once", "template": {"spec": {"domain": {}}}}},
+    ({**vm_manifest("x"), "spec": {"runStrategy": "WaitAsReceiver",
+                                   "template": {"spec": {"domain": {}}}}},
      "spec.runStrategy", "not supported yet"),
 ]
 
