@@ -41,6 +41,7 @@ from events.logs import configure
 from events.messages import SimReply, SimRequest
 from events.subjects import DEFAULT_PREFIX, decode_token, split_aggregate_id
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY
+from projections.instancetype import INSTANCETYPE_KINDS
 from projections.query import resolve_kind
 
 Handler = Callable[[argparse.Namespace, Client], Coroutine[Any, Any, int]]
@@ -79,7 +80,7 @@ def _row(kind: str, obj: dict[str, Any]) -> list[str]:
             ready = status.get("phase") == "Running"
             return [meta["name"], age, status.get("phase", ""), status.get("nodeName", ""),
                     str(ready)]
-        case kind if kind in HCO_KINDS:
+        case kind if kind in HCO_KINDS or kind in INSTANCETYPE_KINDS:
             return [meta["name"], age]
         case _:
             ready = status.get("conditions", [{}])[0].get("status") == "True"
@@ -91,7 +92,7 @@ HEADERS = {
     "VirtualMachine": ["NAME", "AGE", "STATUS", "READY"],
     "VirtualMachineInstance": ["NAME", "AGE", "PHASE", "NODENAME", "READY"],
     "Node": ["NAME", "STATUS", "AGE"],
-    **{kind: ["NAME", "AGE"] for kind in HCO_KINDS},
+    **{kind: ["NAME", "AGE"] for kind in (*HCO_KINDS, *INSTANCETYPE_KINDS)},
 }
 
 
@@ -121,7 +122,7 @@ async def cmd_apply(args: argparse.Namespace, vb: Client) -> int:
     for doc in docs:
         kind, meta = doc.get("kind", ""), doc.get("metadata", {})
         try:
-            await vb.get(kind, meta.get("namespace", ""), meta.get("name", ""))
+            await vb.get(kind, scope(kind, meta.get("namespace", "")), meta.get("name", ""))
             before[id(doc)] = True
         except (NotFound, RuntimeError):
             before[id(doc)] = False
@@ -129,7 +130,8 @@ async def cmd_apply(args: argparse.Namespace, vb: Client) -> int:
     for doc, outcome in zip(docs, outcomes, strict=True):
         verb = ("configured" if outcome.sequences else "unchanged") if before[id(doc)] \
             else "created"
-        print(f"{str(doc['kind']).lower()}.kubevirt.io/{doc['metadata']['name']} {verb}")
+        group = str(doc.get("apiVersion", "")).rpartition("/")[0]
+        print(f"{str(doc['kind']).lower()}.{group}/{doc['metadata']['name']} {verb}")
     return 0
 
 

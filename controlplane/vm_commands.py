@@ -16,6 +16,7 @@ import uuid
 from controlplane.aggregate import Aggregate
 from controlplane.feature_gates import VM_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
+from controlplane.instancetype.revisions import admit_vm, delete_revisions, with_kept_pins
 from events.api.vm import VirtualMachine
 from events.subjects import aggregate_id
 from events.vm import (
@@ -44,10 +45,12 @@ def vmi_running(d: Decision) -> bool:
 
 @handles(KIND, "apply")
 def apply(d: Decision) -> None:
-    new = d.submitted(VirtualMachine)
-    admit_by_feature_gates(d, new.spec.template.spec, VM_SPEC_PATH)
-    meta = new.metadata
+    submitted = d.submitted(VirtualMachine)
+    admit_by_feature_gates(d, submitted.spec.template.spec, VM_SPEC_PATH)
+    meta = submitted.metadata
     vm = d.load(aggregate_id(VM_KIND, meta.namespace, meta.name), VirtualMachineView)
+    new = with_kept_pins(submitted, vm.state)
+    admit_vm(d, new)
     if not vm.exists:
         d.trigger(vm, VirtualMachineCreated, uid=str(uuid.uuid4()), metadata=meta, spec=new.spec)
         return
@@ -106,4 +109,5 @@ def restart(d: Decision) -> None:
 @handles(KIND, "delete")
 def delete(d: Decision) -> None:
     vm = load_vm(d)
+    delete_revisions(d, vm.state)
     d.trigger(vm, VirtualMachineDeleted)

@@ -16,6 +16,7 @@ from typing import Any
 from nats.aio.client import Client
 
 import controlplane.hco_commands
+import controlplane.instancetype.commands
 import controlplane.node_commands
 import controlplane.vm_commands
 import controlplane.vmi_commands
@@ -25,7 +26,8 @@ from events.messages import Command
 from events.subjects import Layout
 
 HANDLER_MODULES = (controlplane.vm_commands, controlplane.vmi_commands,
-                   controlplane.node_commands, controlplane.hco_commands)
+                   controlplane.node_commands, controlplane.hco_commands,
+                   controlplane.instancetype.commands)
 """Imported for their `@handles` registrations."""
 
 

@@ -4,8 +4,9 @@ can decode any stored event without knowing which module defined it."""
 from __future__ import annotations
 
 import events.hco
+import events.instancetype
 import events.messages
 import events.nodes
 import events.vm
 
-MODULES = (events.messages, events.nodes, events.vm, events.hco)
+MODULES = (events.messages, events.nodes, events.vm, events.hco, events.instancetype)

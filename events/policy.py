@@ -29,6 +29,7 @@ from events.errors import InvalidSpec
 RBAC_API_VERSION: Final = "rbac.authorization.k8s.io/v1"
 WILDCARD: Final = "*"
 KUBEVIRT_GROUP: Final = "kubevirt.io"
+INSTANCETYPE_GROUP: Final = "instancetype.kubevirt.io"
 SUBRESOURCES_GROUP: Final = "subresources.kubevirt.io"
 DEFAULT_NAMESPACE: Final = "default"
 
@@ -129,7 +130,7 @@ def _kubevirt_writer(name: str, verbs: list[str]) -> ClusterRole:
     return _cluster_role(
         name,
         PolicyRule(api_groups=[KUBEVIRT_GROUP], resources=_KUBEVIRT_RESOURCES, verbs=verbs),
-        PolicyRule(api_groups=["instancetype.kubevirt.io"], resources=_INSTANCETYPE_RESOURCES,
+        PolicyRule(api_groups=[INSTANCETYPE_GROUP], resources=_INSTANCETYPE_RESOURCES,
                    verbs=verbs),
         PolicyRule(api_groups=[SUBRESOURCES_GROUP], resources=_VM_ACTIONS + _VMI_ACTIONS,
                    verbs=["update"]))
@@ -142,7 +143,7 @@ BUILTIN_CLUSTER_ROLES: Final = {
         _kubevirt_writer("kubevirt.io:admin", _ALL_VERBS),
         _kubevirt_writer("kubevirt.io:edit", _ALL_VERBS[:-1]),
         _cluster_role("kubevirt.io:view",
-                      PolicyRule(api_groups=[KUBEVIRT_GROUP, "instancetype.kubevirt.io"],
+                      PolicyRule(api_groups=[KUBEVIRT_GROUP, INSTANCETYPE_GROUP],
                                  resources=_KUBEVIRT_RESOURCES + _INSTANCETYPE_RESOURCES,
                                  verbs=["get", "list", "watch"])),
     )
@@ -161,6 +162,12 @@ _GROUPS: Final = {
     "NetworkAddonsConfig": ("networkaddonsoperator.network.kubevirt.io",
                             "networkaddonsconfigs"),
     "Node": ("", "nodes"),
+    "VirtualMachineInstancetype": (INSTANCETYPE_GROUP, "virtualmachineinstancetypes"),
+    "VirtualMachineClusterInstancetype": (INSTANCETYPE_GROUP,
+                                          "virtualmachineclusterinstancetypes"),
+    "VirtualMachinePreference": (INSTANCETYPE_GROUP, "virtualmachinepreferences"),
+    "VirtualMachineClusterPreference": (INSTANCETYPE_GROUP, "virtualmachineclusterpreferences"),
+    "ControllerRevision": ("apps", "controllerrevisions"),
 }
 """Each kind's API group and resource, as the Kubernetes API names them."""
 

@@ -16,6 +16,7 @@ from events.nodes import NODE_KIND
 from events.subjects import aggregate_id
 from events.vm import PAUSED_MESSAGES, VM_KIND, VMI_KIND
 from projections.hco import HCO_VIEW_KINDS
+from projections.instancetype import INSTANCETYPE_VIEW_KINDS, revision_refs
 from projections.views import (
     NodeView,
     View,
@@ -32,6 +33,7 @@ VIEW_KINDS: dict[str, type[View]] = {
     VMI_KIND: VirtualMachineInstanceView,
     NODE_KIND: NodeView,
     **HCO_VIEW_KINDS,
+    **INSTANCETYPE_VIEW_KINDS,
 }
 
 
@@ -181,6 +183,8 @@ def render_vm(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) ->
         status["stateChangeRequests"] = []
     if vm.restart_count:
         status["restartCount"] = vm.restart_count
+    if vm.spec is not None:
+        status.update(revision_refs(vm.spec))
     return {
         "apiVersion": API_VERSION,
         "kind": "VirtualMachine",

@@ -30,6 +30,9 @@ from projections.cluster import ClusterState, render_node, render_vm, render_vmi
 from projections.follower import follow, head
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY, answer, cluster_tuning
 from projections.hco import render_view as render_hco_view
+from projections.instancetype import INSTANCETYPE_KINDS, ControllerRevisionView, InstancetypeView
+from projections.instancetype import of_kind as instancetype_objects
+from projections.instancetype import render as render_instancetype
 from projections.views import NodeView, View, VirtualMachineInstanceView, VirtualMachineView
 
 log = structlog.get_logger(__name__)
@@ -68,6 +71,10 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
                     out.append(node_object(state, node, tuning))
         case kind if kind in HCO_KINDS:
             out = answer(state, kind, query.name, datetime.now(UTC))
+        case kind if kind in INSTANCETYPE_KINDS:
+            out = [render_instancetype(view) for view in
+                   instancetype_objects(state.views.values(), kind)
+                   if _matches(query, view.metadata.namespace, view.metadata.name)]
         case kind if kind in (METRICS_QUERY, ALERTS_QUERY):
             return answer(state, kind, query.name, datetime.now(UTC))
     return sorted(out, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
@@ -94,6 +101,8 @@ def render_view(state: ClusterState, view: View) -> dict[str, Any] | None:
             return render_vmi(view)
         case NodeView():
             return node_object(state, view)
+        case InstancetypeView() | ControllerRevisionView():
+            return render_instancetype(view)
     return render_hco_view(state, view)
 
 

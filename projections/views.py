@@ -32,6 +32,7 @@ from events.api.scheduling import (
 )
 from events.api.vm import VirtualMachineInstanceSpec, VirtualMachineSpec
 from events.codec import Event
+from events.instancetype import VirtualMachineRevisionsPinned
 from events.nodes import (
     NodeCordoned,
     NodeInfoChanged,
@@ -157,6 +158,12 @@ class VirtualMachineView(View):
                 self.manual_running = action == "Start"
             case VirtualMachineRestartRequested(restart_count=n):
                 self.restart_count = n
+            case VirtualMachineRevisionsPinned(instancetype_revision=it, preference_revision=pr,
+                                               generation=gen):
+                if self.spec is None:
+                    self.ignore(event, "revisions pinned to a VM never created")
+                    return
+                self.spec, self.generation = self.spec.with_revisions(it, pr), gen
             case VirtualMachineDeleted():
                 self.exists = False
 

@@ -1,0 +1,264 @@
+"""Instancetypes and preferences on the real store, through commands and the VM controller:
+what an instancetype fixes the VM may not set (refused at apply, naming the fields as KubeVirt
+does), a preference fills only what the VM leaves unset, and the revisions captured at the
+first start pin the VM through edits and deletion of the instancetype until it is moved on."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from controlplane.controllers.vm import VMController
+from events.messages import Command
+from events.query import Query
+from projections.cluster import ClusterState
+from projections.service import render, render_view
+from tests.store.helpers import SyncHandler, run, run_accepted
+from tests.store.test_feature_gates import appended_since, apply, last_sequence, stored_event
+
+GROUP = "instancetype.kubevirt.io"
+DISKS = [{"name": "containerdisk", "disk": {"bus": "sata"}},
+         {"name": "cloudinitdisk", "disk": {}}]
+VOLUMES = [{"name": "containerdisk", "containerDisk": {"image": "cirros"}},
+           {"name": "cloudinitdisk", "cloudInitNoCloud": {"userData": "#!/bin/sh"}}]
+
+
+def instancetype(name: str, cpu: int, memory: str, *, kind: str = "VirtualMachineInstancetype",
+                 version: str = "v1alpha2") -> dict[str, Any]:
+    meta = {"name": name} if "Cluster" in kind else {"name": name, "namespace": "default"}
+    return {"apiVersion": f"{GROUP}/{version}", "kind": kind, "metadata": meta,
+            "spec": {"cpu": {"guest": cpu}, "memory": {"guest": memory}}}
+
+
+def preference(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/v1beta1", "kind": "VirtualMachinePreference",
+            "metadata": {"name": name, "namespace": "default"}, "spec": spec}
+
+
+def vm(name: str, domain: dict[str, Any] | None = None, **matchers: dict[str, Any]
+       ) -> dict[str, Any]:
+    spec = {"domain": {"devices": {"disks": DISKS}, **(domain or {})}, "volumes": VOLUMES}
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"runStrategy": "Always", **matchers, "template": {"spec": spec}}}
+
+
+def command(kind: str, verb: str, name: str, namespace: str = "default") -> Command:
+    return Command(id=str(uuid.uuid4()), actor="user:erin", kind=kind, verb=verb,
+                   namespace=namespace, name=name)
+
+
+def reconcile(handler: SyncHandler, state: ClusterState, name: str) -> list[str]:
+    """Run the VM controller for `name` until it proposes nothing new; the verbs it ran.
+    Its VMIs are never scheduled, so a delete takes effect at once."""
+    ran: list[str] = []
+    seen: set[str] = set()
+    while commands := [c for c in VMController().reconcile(state, "default", name)
+                       if c.id not in seen]:
+        for proposed in commands:
+            seen.add(proposed.id)
+            ran.append(proposed.verb)
+            run(handler, state, proposed)
+    return ran
+
+
+def restart(handler: SyncHandler, state: ClusterState, name: str) -> None:
+    run_accepted(handler, state, command("VirtualMachine", "restart", name))
+    assert reconcile(handler, state, name) == ["delete", "create-for-vm"]
+
+
+def vmi_spec(state: ClusterState, name: str) -> dict[str, Any]:
+    view = state.vmi("default", name)
+    assert view is not None
+    rendered = render_view(state, view)
+    assert rendered is not None
+    spec: dict[str, Any] = rendered["spec"]
+    return spec
+
+
+def get(state: ClusterState, kind: str, name: str, namespace: str = "default") -> dict[str, Any]:
+    [obj] = render(state, Query(kind=kind, namespace=namespace, name=name))
+    return obj
+
+
+def test_the_seeds_example_expands_into_the_vmi(handler: SyncHandler) -> None:
+    """The seed's `example-preference-user-override`, with `csmall` for its resources: the
+    VM names no memory (refused before instancetypes), its `sata` disk stays `sata` and the
+    bare disk takes the preferred `virtio`; the first start captures and pins revisions."""
+    state = ClusterState()
+    run_accepted(handler, state, apply(instancetype("csmall", 1, "128Mi")))
+    run_accepted(handler, state, apply(preference("example-preference-disk-virtio",
+                                                  {"devices": {"preferredDiskBus": "virtio"}})))
+    manifest = vm("example-preference-user-override",
+                  instancetype={"kind": "VirtualMachineInstancetype", "name": "csmall"},
+                  preference={"kind": "VirtualMachinePreference",
+                              "name": "example-preference-disk-virtio"})
+    run_accepted(handler, state, apply(manifest))
+    assert reconcile(handler, state, "example-preference-user-override") == ["create-for-vm"]
+
+    spec = vmi_spec(state, "example-preference-user-override")
+    assert spec["domain"]["memory"] == {"guest": "128Mi"}
+    assert spec["domain"]["cpu"] == {"cores": 1, "sockets": 1, "threads": 1}
+    assert spec["domain"]["devices"]["disks"] == [
+        {"name": "containerdisk", "disk": {"bus": "sata"}},
+        {"name": "cloudinitdisk", "disk": {"bus": "virtio"}}]
+    vmi = get(state, "VirtualMachineInstance", "example-preference-user-override")
+    assert vmi["metadata"]["annotations"] == {
+        "kubevirt.io/instancetype-name": "csmall",
+        "kubevirt.io/preference-name": "example-preference-disk-virtio"}
+
+    shown = get(state, "VirtualMachine", "example-preference-user-override")
+    # The VM's own template is as the user wrote it; the matchers now name the revisions.
+    assert shown["spec"]["template"]["spec"]["domain"]["devices"]["disks"] == DISKS
+    source = get(state, "VirtualMachineInstancetype", "csmall")
+    revision = f"example-preference-user-override-csmall-{source['metadata']['uid']}-1"
+    assert shown["spec"]["instancetype"] == {"name": "csmall", "kind":
+                                             "VirtualMachineInstancetype",
+                                             "revisionName": revision}
+    assert shown["status"]["instancetypeRef"] == {
+        "kind": "VirtualMachineInstancetype", "name": "csmall",
+        "controllerRevisionRef": {"name": revision}}
+    assert shown["status"]["preferenceRef"]["controllerRevisionRef"]["name"].startswith(
+        "example-preference-user-override-example-preference-disk-virtio-")
+    assert shown["metadata"]["generation"] == 2  # the matchers changed: a spec change
+    captured = get(state, "ControllerRevision", revision)
+    assert captured["data"] == {
+        "apiVersion": f"{GROUP}/v1alpha2", "kind": "VirtualMachineInstancetype",
+        "metadata": {"name": "csmall", "namespace": "default",
+                     "uid": source["metadata"]["uid"], "generation": 1},
+        "spec": {"cpu": {"guest": 1}, "memory": {"guest": "128Mi"}}}
+    assert captured["metadata"]["ownerReferences"][0]["name"] == \
+        "example-preference-user-override"
+
+
+def test_what_the_instancetype_fixes_cannot_be_set_on_the_vm(handler: SyncHandler) -> None:
+    state = ClusterState()
+    run_accepted(handler, state, apply(instancetype("cx1.large", 2, "4Gi",
+                                                    kind="VirtualMachineClusterInstancetype",
+                                                    version="v1beta1")))
+    before = last_sequence(handler)
+    conflicting = vm("greedy", {"cpu": {"sockets": 4}, "memory": {"guest": "8Gi"}},
+                     instancetype={"name": "cx1.large"})  # no kind: the cluster kind
+    refused = run(handler, state, apply(conflicting)).outcome
+    assert (refused.accepted, refused.field) == (False, "spec.template.spec.domain.cpu.sockets")
+    assert refused.reason == (
+        "VM field(s) spec.template.spec.domain.cpu.sockets, "
+        "spec.template.spec.domain.memory.guest conflicts with selected instance type")
+    requests = vm("asks", {"resources": {"requests": {"memory": "1Gi"}}},
+                  instancetype={"name": "cx1.large"})
+    refused = run(handler, state, apply(requests)).outcome
+    assert refused.reason == ("VM field(s) spec.template.spec.domain.resources.requests.memory "
+                              "conflicts with selected instance type")
+    assert appended_since(handler, before) == ["CommandRejected.v1"] * 2
+    assert state.vm("default", "greedy") is None
+
+
+def test_a_preference_fills_only_what_the_vm_leaves_unset(handler: SyncHandler) -> None:
+    state = ClusterState()
+    run_accepted(handler, state, apply(instancetype("u1.xlarge", 4, "16Gi")))
+    run_accepted(handler, state, apply(preference("fedora", {
+        "cpu": {"preferredCPUTopology": "cores"},
+        "devices": {"preferredDiskBus": "scsi", "preferredInterfaceModel": "virtio"},
+        "features": {"preferredSmm": {}},
+        "firmware": {"preferredUseEfi": True, "preferredUseSecureBoot": False},
+        "preferredTerminationGracePeriodSeconds": 30,
+    })))
+    own = vm("own", {"firmware": {"bootloader": {"bios": {}}}},
+             instancetype={"kind": "virtualmachineinstancetype", "name": "u1.xlarge"},
+             preference={"kind": "VirtualMachinePreference", "name": "fedora"})
+    own["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 0
+    run_accepted(handler, state, apply(own))
+    reconcile(handler, state, "own")
+    spec = vmi_spec(state, "own")
+    assert spec["domain"]["cpu"] == {"cores": 4, "sockets": 1, "threads": 1}
+    assert [d["disk"]["bus"] for d in spec["domain"]["devices"]["disks"]] == ["sata", "scsi"]
+    assert spec["domain"]["firmware"] == {"bootloader": {"bios": {}}}  # no EFI over BIOS
+    assert spec["domain"]["features"]["smm"] == {}
+    assert spec["terminationGracePeriodSeconds"] == 0
+
+
+def test_a_pinned_revision_survives_edits_and_deletion(handler: SyncHandler) -> None:
+    state = ClusterState()
+    run_accepted(handler, state, apply(instancetype("csmall", 1, "128Mi")))
+    manifest = vm("pinned", instancetype={"kind": "VirtualMachineInstancetype",
+                                          "name": "csmall"})
+    run_accepted(handler, state, apply(manifest))
+    reconcile(handler, state, "pinned")
+    first = get(state, "VirtualMachine", "pinned")["spec"]["instancetype"]["revisionName"]
+
+    run_accepted(handler, state, apply(instancetype("csmall", 2, "256Mi")))
+    assert get(state, "VirtualMachineInstancetype", "csmall")["metadata"]["generation"] == 2
+    restart(handler, state, "pinned")
+    assert vmi_spec(state, "pinned")["domain"]["memory"] == {"guest": "128Mi"}
+    # Applying the manifest as written again (no revisionName) keeps the pin.
+    run_accepted(handler, state, apply(manifest))
+    assert get(state, "VirtualMachine", "pinned")["spec"]["instancetype"]["revisionName"] \
+        == first
+
+    run_accepted(handler, state, command("VirtualMachineInstancetype", "delete", "csmall"))
+    restart(handler, state, "pinned")
+    assert vmi_spec(state, "pinned")["domain"]["memory"] == {"guest": "128Mi"}
+
+    # Moving on: the instancetype again, and `revisionName: ""` to capture it anew.
+    run_accepted(handler, state, apply(instancetype("csmall", 2, "256Mi")))
+    manifest["spec"]["instancetype"]["revisionName"] = ""
+    run_accepted(handler, state, apply(manifest))
+    restart(handler, state, "pinned")
+    spec = vmi_spec(state, "pinned")
+    assert spec["domain"]["memory"] == {"guest": "256Mi"}
+    assert spec["domain"]["cpu"]["sockets"] == 2
+    second = get(state, "VirtualMachine", "pinned")["spec"]["instancetype"]["revisionName"]
+    assert second not in (first, "")
+
+    # The VM's revisions go with it.
+    run_accepted(handler, state, command("VirtualMachine", "delete", "pinned"))
+    assert render(state, Query(kind="ControllerRevision")) == []
+
+
+def test_a_vm_waits_for_what_it_names(handler: SyncHandler) -> None:
+    """KubeVirt admits a VM whose instancetype or preference is missing, judging its template
+    as it stands, and does not start it; the object's creation wakes the controller with a
+    new command."""
+    state = ClusterState()
+    early = vm("early", instancetype={"kind": "VirtualMachineInstancetype", "name": "later"})
+    refused = run(handler, state, apply(early)).outcome
+    assert (refused.accepted, refused.field) == (
+        False, "spec.template.spec.domain.resources.requests.memory")
+    sized = vm("early", {"memory": {"guest": "64Mi"}},
+               preference={"kind": "VirtualMachinePreference", "name": "later"})
+    run_accepted(handler, state, apply(sized))
+    [create] = VMController().reconcile(state, "default", "early")
+    not_found = run(handler, state, create).outcome
+    assert (not_found.accepted, not_found.field) == (False, "spec.preference.name")
+    assert not_found.reason == \
+        'virtualmachinepreferences.instancetype.kubevirt.io "later" not found'
+    created = run_accepted(handler, state, apply(preference(
+        "later", {"devices": {"preferredDiskBus": "virtio"}})))
+    [again] = VMController().on_event(state, stored_event(handler, created.events[0][0]))
+    assert again.id != create.id
+    run_accepted(handler, state, again)
+    disks = vmi_spec(state, "early")["domain"]["devices"]["disks"]
+    assert [d["disk"]["bus"] for d in disks] == ["sata", "virtio"]
+
+
+@pytest.mark.parametrize(("manifest", "field", "rule"), [
+    (vm("odd", instancetype={"kind": "Flavor", "name": "x"}), "spec.instancetype.kind",
+     "must be VirtualMachineInstancetype or VirtualMachineClusterInstancetype, not 'Flavor'"),
+    (vm("nameless", instancetype={"kind": "VirtualMachineInstancetype"}),
+     "spec.instancetype.name", "is required"),
+    (instancetype("Big", 1, "1Gi"), "metadata.name",
+     "must be a DNS-1123 subdomain: at most 253 characters, DNS-1123 labels joined by '.'"),
+    (instancetype("x", 1, "1Gi", version="v2"), "apiVersion",
+     f"must be {GROUP}/v1beta1 or {GROUP}/v1alpha2 or {GROUP}/v1alpha1 for kind "
+     "VirtualMachineInstancetype"),
+    ({**instancetype("x", 1, "1Gi"), "spec": {"memory": {"guest": "1Gi"}}}, "spec",
+     "Object missing required field `cpu`"),
+])
+def test_hostile_manifests_are_refused_naming_the_field(
+        handler: SyncHandler, manifest: dict[str, Any], field: str, rule: str) -> None:
+    before = last_sequence(handler)
+    refused = run(handler, ClusterState(), apply(manifest)).outcome
+    assert (refused.accepted, refused.field, refused.reason) == (False, field, rule)
+    assert appended_since(handler, before) == ["CommandRejected.v1"]
