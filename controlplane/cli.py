@@ -39,6 +39,7 @@ from events.directget import read_all, sequence
 from events.errors import InvalidSpec, NotFound
 from events.logs import configure
 from events.messages import SimReply, SimRequest
+from events.policy import resource_of
 from events.subjects import DEFAULT_PREFIX, decode_token, split_aggregate_id
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY
 from projections.instancetype import INSTANCETYPE_KINDS
@@ -173,8 +174,9 @@ def _act(verb: str, message: str) -> Handler:
 async def cmd_delete(args: argparse.Namespace, vb: Client) -> int:
     kind = resolve_kind(args.kind)
     extra = {} if args.grace_period is None else {"grace_period_seconds": args.grace_period}
-    await vb.act(kind, "delete", args.namespace, args.name, **extra)
-    print(f'{kind.lower()}.kubevirt.io "{args.name}" deleted')
+    await vb.act(kind, "delete", scope(kind, args.namespace), args.name, **extra)
+    group = resource_of(kind)[0]
+    print(f'{kind.lower()}{"." if group else ""}{group} "{args.name}" deleted')
     return 0
 
 
