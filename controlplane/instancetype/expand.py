@@ -141,21 +141,40 @@ def _domain_cpu_key(name: str) -> str:
     return "dedicatedCpuPlacement" if name == "dedicatedCPUPlacement" else name
 
 
+def topology_name(pref: VirtualMachinePreferenceSpec | None) -> str:
+    """The preferred CPU topology in v1beta1's words (`preferCores` is `cores`); `sockets`
+    when no preference says (KubeVirt's `GetPreferredTopology`)."""
+    cpu = pref.cpu if pref is not None else None
+    named = (cpu.preferred_cpu_topology if cpu is not None else None) or "sockets"
+    return named.removeprefix("prefer").lower()
+
+
+def spread_options(pref: VirtualMachinePreferenceSpec | None) -> tuple[int, str]:
+    """KubeVirt's `GetSpreadOptions`: ratio 2 across sockets and cores unless preferred."""
+    ratio, across = DEFAULT_SPREAD_RATIO, "SocketsCores"
+    if pref is None:
+        return ratio, across
+    ratio = pref.prefer_spread_socket_to_core_ratio or ratio
+    options = pref.cpu.spread_options if pref.cpu is not None else None
+    if options is not None:
+        across = options.across or across
+        ratio = options.ratio if options.ratio is not None else ratio
+    return ratio, across
+
+
 def _topology(vcpus: int, pref: VirtualMachinePreferenceSpec | None) -> dict[str, int]:
-    """KubeVirt's `applyGuestCPUTopology`: all the vCPUs on the preferred axis (sockets when
-    no preference says otherwise), or spread by a ratio."""
+    """KubeVirt's `applyGuestCPUTopology`: all the vCPUs on the preferred axis (sockets for
+    `any` too), or spread by a ratio."""
     out = {"cores": 1, "sockets": 1, "threads": 1}
     if vcpus == 1:
         return out
-    cpu_pref = pref.cpu if pref is not None else None
-    topology = (cpu_pref.preferred_cpu_topology if cpu_pref is not None else None) or "sockets"
-    match topology.removeprefix("prefer").lower():
+    match topology_name(pref):
         case "cores":
             out["cores"] = vcpus
         case "threads":
             out["threads"] = vcpus
         case "spread":
-            ratio, across = _spread(pref)
+            ratio, across = spread_options(pref)
             match across:
                 case "SocketsCores":
                     out["cores"], out["sockets"] = ratio, vcpus // ratio
@@ -167,19 +186,6 @@ def _topology(vcpus: int, pref: VirtualMachinePreferenceSpec | None) -> dict[str
         case _:  # sockets, any
             out["sockets"] = vcpus
     return out
-
-
-def _spread(pref: VirtualMachinePreferenceSpec | None) -> tuple[int, str]:
-    """KubeVirt's `GetSpreadOptions`: ratio 2 across sockets and cores unless preferred."""
-    ratio, across = DEFAULT_SPREAD_RATIO, "SocketsCores"
-    if pref is None:
-        return ratio, across
-    ratio = pref.prefer_spread_socket_to_core_ratio or ratio
-    options = pref.cpu.spread_options if pref.cpu is not None else None
-    if options is not None:
-        across = options.across or across
-        ratio = options.ratio if options.ratio is not None else ratio
-    return ratio, across
 
 
 def _apply_memory(it: VirtualMachineInstancetypeSpec, vmi: dict[str, Any],

@@ -20,6 +20,7 @@ from controlplane.instancetype.expand import (
     expand,
     not_carried,
 )
+from controlplane.instancetype.requirements import check_requirements
 from events.api.base import ObjectMeta
 from events.api.instancetype import (
     CLUSTER_INSTANCETYPE,
@@ -138,6 +139,8 @@ def admit_vm(d: Decision, vm: VirtualMachine) -> None:
         return
     expanded = expand(template.spec, template.metadata, _as_instancetype(instancetype),
                       _as_preference(preference), TEMPLATE_PATH)
+    check_requirements(_as_instancetype(instancetype), _as_preference(preference),
+                       expanded.spec, TEMPLATE_PATH)
     validate_vmi_spec(expanded.spec, TEMPLATE_PATH)
 
 

@@ -163,9 +163,17 @@ class VolumePreferences(ApiStruct):
     preferred_storage_class_name: str = ""
 
 
+class CPUPreferenceRequirement(ApiStruct):
+    guest: int
+
+
+class MemoryPreferenceRequirement(ApiStruct):
+    guest: Quantity
+
+
 class PreferenceRequirements(ApiStruct):
-    cpu: dict[str, Any] | None = None
-    memory: dict[str, Any] | None = None
+    cpu: CPUPreferenceRequirement | None = None
+    memory: MemoryPreferenceRequirement | None = None
     architecture: str | None = None
 
 

@@ -5,6 +5,7 @@ first start pin the VM through edits and deletion of the instancetype until it i
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -14,6 +15,7 @@ from controlplane.controllers.vm import VMController
 from events.messages import Command
 from events.query import Query
 from projections.cluster import ClusterState
+from projections.http import respond
 from projections.service import render, render_view
 from tests.store.helpers import SyncHandler, run, run_accepted
 from tests.store.test_feature_gates import appended_since, apply, last_sequence, stored_event
@@ -262,3 +264,47 @@ def test_hostile_manifests_are_refused_naming_the_field(
     refused = run(handler, ClusterState(), apply(manifest)).outcome
     assert (refused.accepted, refused.field, refused.reason) == (False, field, rule)
     assert appended_since(handler, before) == ["CommandRejected.v1"]
+
+
+def test_the_http_read_api_serves_the_four_kinds(handler: SyncHandler) -> None:
+    state = ClusterState()
+    run_accepted(handler, state, apply(instancetype("csmall", 1, "128Mi")))
+    run_accepted(handler, state, apply(instancetype("u1.nano", 1, "512Mi",
+                                                    kind="VirtualMachineClusterInstancetype")))
+
+    def get_json(path: str) -> tuple[int, dict[str, Any]]:
+        code, _, body = respond(state, render, path)
+        return code, json.loads(body)
+
+    base = f"/apis/{GROUP}/v1beta1"
+    code, listed = get_json(f"{base}/namespaces/default/virtualmachineinstancetypes")
+    assert (code, listed["kind"], [i["metadata"]["name"] for i in listed["items"]]) == (
+        200, "VirtualMachineInstancetypeList", ["csmall"])
+    code, one = get_json(f"{base}/virtualmachineclusterinstancetypes/u1.nano")
+    assert (code, one["spec"]["memory"]["guest"]) == (200, "512Mi")
+    code, _ = get_json(f"{base}/namespaces/other/virtualmachineinstancetypes/csmall")
+    assert code == 404
+    assert respond(state, render, f"/apis/{GROUP}/v9/virtualmachineinstancetypes")[0] == 404
+
+
+def test_a_preference_requires_enough_of_what_the_vm_gets(handler: SyncHandler) -> None:
+    """common-instancetypes' cirros preference requires 1 vCPU and 256Mi."""
+    state = ClusterState()
+    run_accepted(handler, state, apply(preference("cirros", {"requirements": {
+        "cpu": {"guest": 1}, "memory": {"guest": "256Mi"}}})))
+    run_accepted(handler, state, apply(instancetype("csmall", 1, "128Mi")))
+    cirros = {"kind": "VirtualMachinePreference", "name": "cirros"}
+    short = vm("short", instancetype={"kind": "VirtualMachineInstancetype", "name": "csmall"},
+               preference=cirros)
+    refused = run(handler, state, apply(short)).outcome
+    assert (refused.field, refused.reason) == (
+        "spec.instancetype", "failure checking preference requirements: insufficient Memory "
+        "resources of 128Mi provided by instance type, preference requires 256Mi")
+    bare = vm("bare", {"memory": {"guest": "1Gi"}}, preference=cirros)
+    refused = run(handler, state, apply(bare)).outcome
+    assert (refused.field, refused.reason) == (
+        "spec.template.spec.domain.cpu", "failure checking preference requirements: no CPU "
+        "resources provided by VirtualMachine, preference requires 1 vCPU")
+    enough = vm("enough", {"memory": {"guest": "1Gi"}, "cpu": {"sockets": 1}},
+                preference=cirros)
+    run_accepted(handler, state, apply(enough))
