@@ -16,7 +16,7 @@ import uuid
 from controlplane.aggregate import Aggregate
 from controlplane.feature_gates import VM_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
-from controlplane.instancetype.revisions import admit_vm, delete_revisions, with_kept_pins
+from controlplane.instancetype.revisions import admitted_vm, delete_revisions
 from events.api.vm import VirtualMachine
 from events.subjects import aggregate_id
 from events.vm import (
@@ -49,8 +49,7 @@ def apply(d: Decision) -> None:
     admit_by_feature_gates(d, submitted.spec.template.spec, VM_SPEC_PATH)
     meta = submitted.metadata
     vm = d.load(aggregate_id(VM_KIND, meta.namespace, meta.name), VirtualMachineView)
-    new = with_kept_pins(submitted, vm.state)
-    admit_vm(d, new)
+    new = admitted_vm(d, submitted, vm.state)
     if not vm.exists:
         d.trigger(vm, VirtualMachineCreated, uid=str(uuid.uuid4()), metadata=meta, spec=new.spec)
         return

@@ -20,6 +20,7 @@ from controlplane.instancetype.expand import (
     expand,
     not_carried,
 )
+from controlplane.instancetype.infer import with_inferred_matchers
 from controlplane.instancetype.requirements import check_requirements
 from events.api.base import ObjectMeta
 from events.api.instancetype import (
@@ -99,10 +100,21 @@ def revision_name(vm: str, source: InstancetypeView) -> str:
 # --- admission -----------------------------------------------------------------------------
 
 
-def with_kept_pins(new: VirtualMachine, stored: VirtualMachineView | None) -> VirtualMachine:
+def admitted_vm(d: Decision, submitted: VirtualMachine,
+                stored: VirtualMachineView) -> VirtualMachine:
+    """The VM to record for `submitted`: its inferred matchers resolved, the pins the stored
+    VM has kept, and admitted on its expansion (`admit_vm`)."""
+    if submitted.spec.instancetype is None and submitted.spec.preference is None:
+        return submitted  # decoding admitted it as it stands
+    new = _with_kept_pins(with_inferred_matchers(submitted), stored)
+    admit_vm(d, new)
+    return new
+
+
+def _with_kept_pins(new: VirtualMachine, stored: VirtualMachineView) -> VirtualMachine:
     """`new` with the revisions the stored VM is pinned to, where `new` leaves `revisionName`
     out and names the same object; `revisionName: ""` unpins."""
-    old = stored.spec if stored is not None and stored.exists else None
+    old = stored.spec if stored.exists else None
     spec = new.spec
     for family in (INSTANCETYPES, PREFERENCES):
         matcher: Matcher | None = getattr(spec, family.field)
@@ -124,15 +136,13 @@ def admit_vm(d: Decision, vm: VirtualMachine) -> None:
     VMI spec. One that cannot be found is no refusal, as in KubeVirt: the template is then
     checked as it stands, and the VM will not start until it exists."""
     spec, namespace = vm.spec, vm.metadata.namespace
-    if spec.instancetype is None and spec.preference is None:
-        return
     instancetype, preference = (_find(d, family, getattr(spec, family.field), namespace)
                                 for family in (INSTANCETYPES, PREFERENCES))
     if isinstance(instancetype, VirtualMachineInstancetypeSpec) and (
             missing := not_carried(instancetype)):
         raise InvalidSpec("spec.instancetype",
-                              f"the instancetype sets {', '.join(missing)}, which a virtbus VMI "
-                              "cannot hold yet")
+                          f"the instancetype sets {', '.join(missing)}, which a virtbus VMI "
+                          "cannot hold yet")
     template = spec.template
     if instancetype is None and preference is None:
         validate_vmi_spec(template.spec, TEMPLATE_PATH)

@@ -308,3 +308,26 @@ def test_a_preference_requires_enough_of_what_the_vm_gets(handler: SyncHandler) 
     enough = vm("enough", {"memory": {"guest": "1Gi"}, "cpu": {"sockets": 1}},
                 preference=cirros)
     run_accepted(handler, state, apply(enough))
+
+
+def test_nothing_can_be_inferred_from_a_volume(handler: SyncHandler) -> None:
+    """virtbus keeps no PVC, DataVolume or DataSource to read KubeVirt's default-instancetype
+    labels from: inference fails as KubeVirt's does for a missing object or a volume type
+    without labels, and `Ignore` drops the matcher where KubeVirt lets it."""
+    state = ClusterState()
+    infer = {"inferFromVolume": "containerdisk"}
+    refused = run(handler, state, apply(vm("guess", {"memory": {"guest": "1Gi"}},
+                                           instancetype=infer))).outcome
+    assert (refused.field, refused.reason) == (
+        "spec.instancetype.inferFromVolume",
+        "unable to infer defaults from volume containerdisk as type is not supported")
+    ignored = vm("guess", {"memory": {"guest": "1Gi"}},
+                 instancetype={**infer, "inferFromVolumeFailurePolicy": "Ignore"})
+    run_accepted(handler, state, apply(ignored))
+    assert "instancetype" not in get(state, "VirtualMachine", "guess")["spec"]
+    missing = vm("missing", {"memory": {"guest": "1Gi"}},
+                 preference={"inferFromVolume": "rootdisk",
+                             "inferFromVolumeFailurePolicy": "Ignore"})
+    refused = run(handler, state, apply(missing)).outcome
+    assert (refused.field, refused.reason) == (
+        "spec.preference.inferFromVolume", "unable to find volume rootdisk to infer defaults")
