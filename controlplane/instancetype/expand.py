@@ -16,7 +16,12 @@ from typing import Any, Final
 import msgspec
 
 from events.api.base import ObjectMeta
-from events.api.instancetype import VirtualMachineInstancetypeSpec, VirtualMachinePreferenceSpec
+from events.api.instancetype import (
+    VirtualMachineInstancetypeSpec,
+    VirtualMachinePreferenceSpec,
+    preferred_topology,
+    spread_options,
+)
 from events.api.resources import quantity
 from events.api.vm import VirtualMachineInstanceSpec
 from events.errors import InvalidSpec
@@ -33,7 +38,6 @@ NOT_CARRIED_MEMORY: Final = ("maxGuest",)
 INTERFACE_BINDINGS: Final = ("masquerade", "bridge")
 """An interface's binding methods: with none set, a preferred masquerade applies."""
 PERCENT: Final = 100
-DEFAULT_SPREAD_RATIO: Final = 2
 THREADS_PER_CORE: Final = 2
 
 
@@ -141,34 +145,13 @@ def _domain_cpu_key(name: str) -> str:
     return "dedicatedCpuPlacement" if name == "dedicatedCPUPlacement" else name
 
 
-def topology_name(pref: VirtualMachinePreferenceSpec | None) -> str:
-    """The preferred CPU topology in v1beta1's words (`preferCores` is `cores`); `sockets`
-    when no preference says (KubeVirt's `GetPreferredTopology`)."""
-    cpu = pref.cpu if pref is not None else None
-    named = (cpu.preferred_cpu_topology if cpu is not None else None) or "sockets"
-    return named.removeprefix("prefer").lower()
-
-
-def spread_options(pref: VirtualMachinePreferenceSpec | None) -> tuple[int, str]:
-    """KubeVirt's `GetSpreadOptions`: ratio 2 across sockets and cores unless preferred."""
-    ratio, across = DEFAULT_SPREAD_RATIO, "SocketsCores"
-    if pref is None:
-        return ratio, across
-    ratio = pref.prefer_spread_socket_to_core_ratio or ratio
-    options = pref.cpu.spread_options if pref.cpu is not None else None
-    if options is not None:
-        across = options.across or across
-        ratio = options.ratio if options.ratio is not None else ratio
-    return ratio, across
-
-
 def _topology(vcpus: int, pref: VirtualMachinePreferenceSpec | None) -> dict[str, int]:
     """KubeVirt's `applyGuestCPUTopology`: all the vCPUs on the preferred axis (sockets for
     `any` too), or spread by a ratio."""
     out = {"cores": 1, "sockets": 1, "threads": 1}
     if vcpus == 1:
         return out
-    match topology_name(pref):
+    match preferred_topology(pref):
         case "cores":
             out["cores"] = vcpus
         case "threads":

@@ -7,8 +7,12 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from controlplane.instancetype.expand import spread_options, topology_name
-from events.api.instancetype import VirtualMachineInstancetypeSpec, VirtualMachinePreferenceSpec
+from events.api.instancetype import (
+    VirtualMachineInstancetypeSpec,
+    VirtualMachinePreferenceSpec,
+    preferred_topology,
+    spread_options,
+)
 from events.api.resources import quantity
 from events.api.vm import VirtualMachineInstanceSpec
 from events.errors import InvalidSpec
@@ -74,7 +78,7 @@ def _check_cpu(instancetype: VirtualMachineInstancetypeSpec | None,
         failure.fail([at], f"no CPU resources provided by VirtualMachine, preference requires "
                            f"{want} vCPU")
         return
-    topology = topology_name(preference)
+    topology = preferred_topology(preference)
     if topology == "spread":
         _, across = spread_options(preference)
         axes, named = SPREAD_AXES[across], across

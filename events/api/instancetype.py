@@ -9,7 +9,7 @@ its Go tags are not camelCase, e.g. `preferredCPUTopology`).
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -28,6 +28,8 @@ from events.api.domain import (
     Timer,
 )
 from events.api.manifest import check_dns1123_subdomain, register_kind
+from events.api.resources import quantity
+from events.errors import InvalidSpec
 
 GROUP: Final = "instancetype.kubevirt.io"
 API_VERSIONS: Final = tuple(f"{GROUP}/{v}" for v in ("v1beta1", "v1alpha2", "v1alpha1"))
@@ -44,22 +46,26 @@ CPU_TOPOLOGIES: Final = ("sockets", "cores", "threads", "spread", "any",
                          "preferSockets", "preferCores", "preferThreads", "preferSpread",
                          "preferAny")
 """v1beta1's names, then v1alpha1's (deprecated, still honoured)."""
-SPREAD_ACROSS: Final = ("SocketsCores", "CoresThreads", "SocketsCoresThreads")
+DEFAULT_SPREAD_RATIO: Final = 2
 MAX_OVERCOMMIT_PERCENT: Final = 100
+Count = Annotated[int, msgspec.Meta(ge=0)]
+"""Go's uint32: no negative counts."""
+Ratio = Annotated[int, msgspec.Meta(ge=1)]
+"""A spread ratio: vCPUs are divided by it."""
 
 
 # --- instancetype ----------------------------------------------------------------------------
 
 
 class CPUInstancetype(ApiStruct):
-    guest: int
+    guest: Count
     model: str | None = None
     dedicated_cpu_placement: bool | None = msgspec.field(default=None,
                                                          name="dedicatedCPUPlacement")
     numa: dict[str, Any] | None = None
     isolate_emulator_thread: bool | None = None
     realtime: dict[str, Any] | None = None
-    max_sockets: int | None = None
+    max_sockets: Count | None = None
 
 
 class MemoryInstancetype(ApiStruct):
@@ -87,7 +93,7 @@ class VirtualMachineInstancetypeSpec(ApiStruct):
 
 class SpreadOptions(ApiStruct):
     across: Literal["SocketsCores", "CoresThreads", "SocketsCoresThreads"] | None = None
-    ratio: int | None = None
+    ratio: Ratio | None = None
 
 
 class CPUPreferences(ApiStruct):
@@ -164,7 +170,7 @@ class VolumePreferences(ApiStruct):
 
 
 class CPUPreferenceRequirement(ApiStruct):
-    guest: int
+    guest: Count
 
 
 class MemoryPreferenceRequirement(ApiStruct):
@@ -189,7 +195,7 @@ class VirtualMachinePreferenceSpec(ApiStruct):
     preferred_termination_grace_period_seconds: int | None = None
     requirements: PreferenceRequirements | None = None
     annotations: dict[str, str] = {}
-    prefer_spread_socket_to_core_ratio: int = 0
+    prefer_spread_socket_to_core_ratio: Count = 0
     preferred_architecture: str | None = None
     preferred_launch_security: dict[str, Any] | None = None
 
@@ -228,7 +234,68 @@ class VirtualMachineClusterPreference(ApiStruct):
 InstancetypeObject = VirtualMachineInstancetype | VirtualMachineClusterInstancetype
 PreferenceObject = VirtualMachinePreference | VirtualMachineClusterPreference
 
-for _cls in (VirtualMachineInstancetype, VirtualMachineClusterInstancetype,
-             VirtualMachinePreference, VirtualMachineClusterPreference):
+
+def preferred_topology(pref: VirtualMachinePreferenceSpec | None) -> str:
+    """The preferred CPU topology in v1beta1's words (`preferCores` is `cores`); `sockets`
+    when no preference says (KubeVirt's `GetPreferredTopology`)."""
+    cpu = pref.cpu if pref is not None else None
+    named = (cpu.preferred_cpu_topology if cpu is not None else None) or "sockets"
+    return named.removeprefix("prefer").lower()
+
+
+def spread_options(pref: VirtualMachinePreferenceSpec | None) -> tuple[int, str]:
+    """KubeVirt's `GetSpreadOptions`: ratio 2 across sockets and cores unless preferred."""
+    ratio, across = DEFAULT_SPREAD_RATIO, "SocketsCores"
+    if pref is None:
+        return ratio, across
+    ratio = pref.prefer_spread_socket_to_core_ratio or ratio
+    options = pref.cpu.spread_options if pref.cpu is not None else None
+    if options is not None:
+        across = options.across or across
+        ratio = options.ratio if options.ratio is not None else ratio
+    return ratio, across
+
+
+def validate_instancetype(obj: InstancetypeObject) -> None:
+    """KubeVirt's instancetype webhook (`ValidateInstanceTypeSpec`), and the quantities its
+    schema parses."""
+    memory = obj.spec.memory
+    for field, value in (("spec.memory.guest", memory.guest),
+                         ("spec.memory.maxGuest", memory.max_guest)):
+        try:
+            if value is not None:
+                quantity(value)
+        except ValueError:
+            raise InvalidSpec(field, "must be a quantity such as 512Mi, 2Gi or 2") from None
+    percent = memory.overcommit_percent
+    if not 0 <= percent <= MAX_OVERCOMMIT_PERCENT:
+        raise InvalidSpec("spec.memory.overcommitPercent",
+                          f"spec.memory.overcommitPercent '{percent}': must be in range "
+                          f"between 0 and {MAX_OVERCOMMIT_PERCENT}.")
+    if percent and memory.hugepages is not None:
+        raise InvalidSpec("spec.memory.overcommitPercent",
+                          "spec.memory.overcommitPercent and spec.memory.hugepages should not "
+                          "be requested together.")
+
+
+def validate_preference(obj: PreferenceObject) -> None:
+    """KubeVirt's preference webhook (`ValidatePreferenceSpec`)."""
+    cpu = obj.spec.cpu
+    topology = cpu.preferred_cpu_topology if cpu is not None else None
+    if topology is not None and topology not in CPU_TOPOLOGIES:
+        raise InvalidSpec("spec.cpu.preferredCPUTopology",
+                          f"unknown preferredCPUTopology {topology}")
+    ratio, across = spread_options(obj.spec)
+    if preferred_topology(obj.spec) == "spread" and across == "CoresThreads" \
+            and ratio != DEFAULT_SPREAD_RATIO:
+        raise InvalidSpec("spec.cpu.spreadOptions.ratio",
+                          "only a ratio of 2 (1 core 2 threads) is allowed when spreading vCPUs "
+                          "over cores and threads")
+
+
+for _cls, _validate in ((VirtualMachineInstancetype, validate_instancetype),
+                        (VirtualMachineClusterInstancetype, validate_instancetype),
+                        (VirtualMachinePreference, validate_preference),
+                        (VirtualMachineClusterPreference, validate_preference)):
     register_kind(_cls.__name__, API_VERSIONS, _cls, name_rule=check_dns1123_subdomain,
-                  cluster_scoped=_cls.__name__ in CLUSTER_KINDS)
+                  cluster_scoped=_cls.__name__ in CLUSTER_KINDS, validate=_validate)

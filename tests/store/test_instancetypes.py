@@ -331,3 +331,40 @@ def test_nothing_can_be_inferred_from_a_volume(handler: SyncHandler) -> None:
     refused = run(handler, state, apply(missing)).outcome
     assert (refused.field, refused.reason) == (
         "spec.preference.inferFromVolume", "unable to find volume rootdisk to infer defaults")
+
+
+@pytest.mark.parametrize(("spec", "field", "rule"), [
+    ({"cpu": {"guest": -1}, "memory": {"guest": "1Gi"}}, "spec.cpu.guest",
+     "Expected `int` >= 0"),
+    ({"cpu": {"guest": 1}, "memory": {"guest": "lots"}}, "spec.memory.guest",
+     "must be a quantity such as 512Mi, 2Gi or 2"),
+    ({"cpu": {"guest": 1}, "memory": {"guest": "1Gi", "overcommitPercent": 101}},
+     "spec.memory.overcommitPercent",
+     "spec.memory.overcommitPercent '101': must be in range between 0 and 100."),
+    ({"cpu": {"guest": 1}, "memory": {"guest": "1Gi", "overcommitPercent": 10,
+                                      "hugepages": {"pageSize": "2Mi"}}},
+     "spec.memory.overcommitPercent", "spec.memory.overcommitPercent and "
+     "spec.memory.hugepages should not be requested together."),
+])
+def test_kubevirts_instancetype_rules(handler: SyncHandler, spec: dict[str, Any], field: str,
+                                      rule: str) -> None:
+    refused = run(handler, ClusterState(),
+                  apply({**instancetype("bad", 1, "1Gi"), "spec": spec})).outcome
+    assert (refused.accepted, refused.field, refused.reason) == (False, field, rule)
+
+
+@pytest.mark.parametrize(("cpu", "field", "rule"), [
+    ({"preferredCPUTopology": "diagonal"}, "spec.cpu.preferredCPUTopology",
+     "unknown preferredCPUTopology diagonal"),
+    ({"preferredCPUTopology": "spread", "spreadOptions": {"across": "CoresThreads", "ratio": 4}},
+     "spec.cpu.spreadOptions.ratio",
+     "only a ratio of 2 (1 core 2 threads) is allowed when spreading vCPUs over cores and "
+     "threads"),
+    ({"spreadOptions": {"across": "Everywhere"}}, "spec.cpu.spreadOptions.across",
+     "must be one of CoresThreads, SocketsCores, SocketsCoresThreads, not 'Everywhere'"),
+    ({"spreadOptions": {"ratio": 0}}, "spec.cpu.spreadOptions.ratio", "Expected `int` >= 1"),
+])
+def test_kubevirts_preference_rules(handler: SyncHandler, cpu: dict[str, Any], field: str,
+                                    rule: str) -> None:
+    refused = run(handler, ClusterState(), apply(preference("bad", {"cpu": cpu}))).outcome
+    assert (refused.accepted, refused.field, refused.reason) == (False, field, rule)
