@@ -17,6 +17,7 @@ import msgspec
 
 from events.api.base import ObjectMeta
 from events.api.instancetype import (
+    THREADS_PER_CORE,
     VirtualMachineInstancetypeSpec,
     VirtualMachinePreferenceSpec,
     preferred_topology,
@@ -38,7 +39,6 @@ NOT_CARRIED_MEMORY: Final = ("maxGuest",)
 INTERFACE_BINDINGS: Final = ("masquerade", "bridge")
 """An interface's binding methods: with none set, a preferred masquerade applies."""
 PERCENT: Final = 100
-THREADS_PER_CORE: Final = 2
 
 
 def _float32(x: float) -> float:

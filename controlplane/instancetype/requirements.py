@@ -8,6 +8,7 @@ import math
 from typing import Final
 
 from events.api.instancetype import (
+    THREADS_PER_CORE,
     VirtualMachineInstancetypeSpec,
     VirtualMachinePreferenceSpec,
     preferred_topology,
@@ -89,3 +90,30 @@ def _check_cpu(instancetype: VirtualMachineInstancetypeSpec | None,
         failure.fail([f"{at}.{axis}" for axis in axes],
                      f"insufficient CPU resources of {have} vCPU provided by VirtualMachine, "
                      f"preference requires {want} vCPU provided as {named}")
+
+
+def check_spread(instancetype: VirtualMachineInstancetypeSpec | None,
+                 preference: VirtualMachinePreferenceSpec | None) -> None:
+    """KubeVirt's `CheckSpreadCPUTopology`: a spread topology must divide the instancetype's
+    vCPUs evenly."""
+    if instancetype is None or preferred_topology(preference) != "spread":
+        return
+    vcpus = instancetype.cpu.guest
+    ratio, across = spread_options(preference)
+    match across:
+        case "SocketsCores" if vcpus % ratio:
+            reason = (f"{vcpus} vCPUs provided by the instance type are not divisible by the "
+                      f"Spec.PreferSpreadSocketToCoreRatio or Spec.CPU.PreferSpreadOptions.Ratio "
+                      f"of {ratio} provided by the preference")
+        case "CoresThreads" if vcpus % ratio:
+            reason = (f"{vcpus} vCPUs provided by the instance type are not divisible by the "
+                      f"number of threads per core {ratio}")
+        case "SocketsCoresThreads" if vcpus % THREADS_PER_CORE or \
+                (vcpus // THREADS_PER_CORE) % ratio:
+            reason = (f"{vcpus} vCPUs provided by the instance type are not divisible by the "
+                      f"number of threads per core {THREADS_PER_CORE} and "
+                      f"Spec.PreferSpreadSocketToCoreRatio or Spec.CPU.PreferSpreadOptions.Ratio "
+                      f"of {ratio}")
+        case _:
+            return
+    raise InvalidSpec("instancetype.spec.cpu.guest", reason)

@@ -21,7 +21,7 @@ from controlplane.instancetype.expand import (
     not_carried,
 )
 from controlplane.instancetype.infer import with_inferred_matchers
-from controlplane.instancetype.requirements import check_requirements
+from controlplane.instancetype.requirements import check_requirements, check_spread
 from events.api.base import ObjectMeta
 from events.api.instancetype import (
     CLUSTER_INSTANCETYPE,
@@ -147,6 +147,7 @@ def admit_vm(d: Decision, vm: VirtualMachine) -> None:
     if instancetype is None and preference is None:
         validate_vmi_spec(template.spec, TEMPLATE_PATH)
         return
+    check_spread(_as_instancetype(instancetype), _as_preference(preference))
     expanded = expand(template.spec, template.metadata, _as_instancetype(instancetype),
                       _as_preference(preference), TEMPLATE_PATH)
     check_requirements(_as_instancetype(instancetype), _as_preference(preference),

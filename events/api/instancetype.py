@@ -47,6 +47,8 @@ CPU_TOPOLOGIES: Final = ("sockets", "cores", "threads", "spread", "any",
                          "preferAny")
 """v1beta1's names, then v1alpha1's (deprecated, still honoured)."""
 DEFAULT_SPREAD_RATIO: Final = 2
+THREADS_PER_CORE: Final = 2
+"""What spreading across sockets, cores and threads puts on each core."""
 MAX_OVERCOMMIT_PERCENT: Final = 100
 Count = Annotated[int, msgspec.Meta(ge=0)]
 """Go's uint32: no negative counts."""

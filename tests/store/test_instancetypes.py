@@ -368,3 +368,22 @@ def test_kubevirts_preference_rules(handler: SyncHandler, cpu: dict[str, Any], f
                                     rule: str) -> None:
     refused = run(handler, ClusterState(), apply(preference("bad", {"cpu": cpu}))).outcome
     assert (refused.accepted, refused.field, refused.reason) == (False, field, rule)
+
+
+def test_a_spread_topology_divides_the_vcpus(handler: SyncHandler) -> None:
+    state = ClusterState()
+    run_accepted(handler, state, apply(instancetype("odd", 3, "1Gi")))
+    run_accepted(handler, state, apply(instancetype("even", 4, "1Gi")))
+    run_accepted(handler, state, apply(preference("spread", {
+        "cpu": {"preferredCPUTopology": "spread"}})))
+    spread = {"kind": "VirtualMachinePreference", "name": "spread"}
+    refused = run(handler, state, apply(vm("odd", preference=spread, instancetype={
+        "kind": "VirtualMachineInstancetype", "name": "odd"}))).outcome
+    assert (refused.field, refused.reason) == (
+        "instancetype.spec.cpu.guest", "3 vCPUs provided by the instance type are not "
+        "divisible by the Spec.PreferSpreadSocketToCoreRatio or "
+        "Spec.CPU.PreferSpreadOptions.Ratio of 2 provided by the preference")
+    run_accepted(handler, state, apply(vm("even", preference=spread, instancetype={
+        "kind": "VirtualMachineInstancetype", "name": "even"})))
+    reconcile(handler, state, "even")
+    assert vmi_spec(state, "even")["domain"]["cpu"] == {"cores": 2, "sockets": 2, "threads": 1}
