@@ -24,6 +24,7 @@ from typing import Final, Literal
 import msgspec
 import yaml
 
+from events.api.instancetype import CLUSTER_KINDS
 from events.errors import InvalidSpec
 
 RBAC_API_VERSION: Final = "rbac.authorization.k8s.io/v1"
@@ -196,7 +197,9 @@ def command_request(kind: str, verb: str, namespace: str, manifest: object = Non
     """The Kubernetes request a command stands for. The object an `apply` carries is decided
     in its own namespace (`metadata.namespace`, else `default`, as admission defaults it),
     whatever the envelope says: that is where the handler puts it."""
-    if verb == "apply" and isinstance(manifest, dict):
+    if kind in CLUSTER_KINDS:
+        namespace = ""  # whatever the manifest says: only a cluster-wide grant covers it
+    elif verb == "apply" and isinstance(manifest, dict):
         meta = manifest.get("metadata")
         inner = meta.get("namespace") if isinstance(meta, dict) else None
         namespace = inner if isinstance(inner, str) and inner else DEFAULT_NAMESPACE

@@ -13,6 +13,7 @@ import pytest
 
 from controlplane.controllers.vm import VMController
 from events.messages import Command
+from events.policy import command_request, parse_policy
 from events.query import Query
 from projections.cluster import ClusterState
 from projections.http import respond
@@ -387,3 +388,29 @@ def test_a_spread_topology_divides_the_vcpus(handler: SyncHandler) -> None:
         "kind": "VirtualMachineInstancetype", "name": "even"})))
     reconcile(handler, state, "even")
     assert vmi_spec(state, "even")["domain"]["cpu"] == {"cores": 2, "sockets": 2, "threads": 1}
+
+
+def test_a_cluster_kind_needs_a_cluster_wide_grant() -> None:
+    """A RoleBinding grants in its namespace only: whatever namespace a manifest of a
+    cluster-wide kind names, changing it is a request at the cluster scope."""
+    policy = parse_policy("""
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: shapes}
+rules:
+- apiGroups: [instancetype.kubevirt.io]
+  resources: [virtualmachineclusterinstancetypes, virtualmachineinstancetypes]
+  verbs: ["*"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: shapes, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: shapes}
+subjects: [{kind: User, name: erin}]
+""")
+    namespaced = instancetype("mine", 1, "1Gi")
+    cluster = instancetype("u1.nano", 1, "512Mi", kind="VirtualMachineClusterInstancetype")
+    cluster["metadata"]["namespace"] = "default"
+    assert policy.allows("erin", command_request(namespaced["kind"], "apply", "", namespaced))
+    assert not policy.allows("erin", command_request(cluster["kind"], "apply", "", cluster))
+    assert not policy.allows("erin", command_request(cluster["kind"], "delete", "default"))
