@@ -16,6 +16,7 @@ from events.api.vm import Matcher, VirtualMachine
 from events.errors import InvalidSpec
 
 IGNORE: Final = "Ignore"
+FAILURE_POLICIES: Final = (IGNORE, "Reject")
 
 
 class _Ignorable(Exception):

@@ -20,7 +20,7 @@ from controlplane.instancetype.expand import (
     expand,
     not_carried,
 )
-from controlplane.instancetype.infer import with_inferred_matchers
+from controlplane.instancetype.infer import FAILURE_POLICIES, with_inferred_matchers
 from controlplane.instancetype.requirements import check_requirements, check_spread
 from events.api.base import ObjectMeta
 from events.api.instancetype import (
@@ -50,11 +50,13 @@ TEMPLATE_PATH: Final = "spec.template.spec"
 
 
 class Family(msgspec.Struct, frozen=True):
-    """Instancetypes or preferences: the matcher's field, its kinds as a matcher may spell
+    """Instancetypes or preferences: the matcher's field and Go type name, its kinds as a
+    matcher may spell
     them (KubeVirt compares lower-cased, singular or plural; none means the cluster kind),
     the VMI annotation naming what was applied, and the spec type."""
 
     field: str
+    matcher_type: str
     namespaced: str
     cluster: str
     annotations: tuple[str, str]
@@ -80,11 +82,13 @@ class Family(msgspec.Struct, frozen=True):
         return (namespaced if self.kind(matcher) == self.namespaced else cluster), matcher.name
 
 
-INSTANCETYPES: Final = Family("instancetype", INSTANCETYPE, CLUSTER_INSTANCETYPE,
+INSTANCETYPES: Final = Family("instancetype", "InstancetypeMatcher", INSTANCETYPE,
+                              CLUSTER_INSTANCETYPE,
                               ("kubevirt.io/instancetype-name",
                                "kubevirt.io/cluster-instancetype-name"),
                               VirtualMachineInstancetypeSpec)
-PREFERENCES: Final = Family("preference", PREFERENCE, CLUSTER_PREFERENCE,
+PREFERENCES: Final = Family("preference", "PreferenceMatcher", PREFERENCE,
+                            CLUSTER_PREFERENCE,
                             ("kubevirt.io/preference-name", "kubevirt.io/cluster-preference-name"),
                             VirtualMachinePreferenceSpec)
 
@@ -106,9 +110,35 @@ def admitted_vm(d: Decision, submitted: VirtualMachine,
     VM has kept, and admitted on its expansion (`admit_vm`)."""
     if submitted.spec.instancetype is None and submitted.spec.preference is None:
         return submitted  # decoding admitted it as it stands
+    for family in (INSTANCETYPES, PREFERENCES):
+        _check_matcher(family, getattr(submitted.spec, family.field),
+                       getattr(stored.spec, family.field) if stored.exists else None)
     new = _with_kept_pins(with_inferred_matchers(submitted), stored)
     admit_vm(d, new)
     return new
+
+
+def _check_matcher(family: Family, matcher: Matcher | None, old: Matcher | None) -> None:
+    """KubeVirt's matcher rules (its VM mutating webhook), worded as it words them."""
+    if matcher is None:
+        return
+    at, noun = f"spec.{family.field}", family.matcher_type
+    if not matcher.name and not matcher.infer_from_volume:
+        raise InvalidSpec(at, f"Either Name or InferFromVolume should be provided within the "
+                              f"{noun}")
+    if matcher.infer_from_volume:
+        for field, value in (("name", matcher.name), ("kind", matcher.kind)):
+            if value:
+                raise InvalidSpec(f"{at}.{field}", f"{field.capitalize()} already set, should "
+                                                   f"be cleared before setting inferFromVolume")
+    policy = matcher.infer_from_volume_failure_policy
+    if policy is not None and policy not in FAILURE_POLICIES:
+        raise InvalidSpec(f"{at}.inferFromVolumeFailurePolicy",
+                          f"Invalid value '{policy}' for InferFromVolumeFailurePolicy")
+    if old is not None and old.revision_name and old.name != matcher.name \
+            and old.revision_name == matcher.revision_name:
+        raise InvalidSpec(f"{at}.revisionName",
+                          "the Matcher Name has been updated without updating the RevisionName")
 
 
 def _with_kept_pins(new: VirtualMachine, stored: VirtualMachineView) -> VirtualMachine:
@@ -164,8 +194,6 @@ def _find(d: Decision, family: Family, matcher: Matcher | None,
     if that is absent."""
     if matcher is None:
         return None
-    if not matcher.name:
-        raise InvalidSpec(f"spec.{family.field}.name", "is required")
     if matcher.revision_name:
         revision = d.load(revision_id(namespace, matcher.revision_name), ControllerRevisionView)
         return _revision_spec(revision.state, family) if revision.exists else None

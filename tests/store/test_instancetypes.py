@@ -199,6 +199,12 @@ def test_a_pinned_revision_survives_edits_and_deletion(handler: SyncHandler) -> 
     run_accepted(handler, state, apply(manifest))
     assert get(state, "VirtualMachine", "pinned")["spec"]["instancetype"]["revisionName"] \
         == first
+    renamed = {**manifest, "spec": {**manifest["spec"], "instancetype": {
+        "kind": "VirtualMachineInstancetype", "name": "cmedium", "revisionName": first}}}
+    refused = run(handler, state, apply(renamed)).outcome
+    assert (refused.field, refused.reason) == (
+        "spec.instancetype.revisionName",
+        "the Matcher Name has been updated without updating the RevisionName")
 
     run_accepted(handler, state, command("VirtualMachineInstancetype", "delete", "csmall"))
     restart(handler, state, "pinned")
@@ -250,7 +256,15 @@ def test_a_vm_waits_for_what_it_names(handler: SyncHandler) -> None:
     (vm("odd", instancetype={"kind": "Flavor", "name": "x"}), "spec.instancetype.kind",
      "must be VirtualMachineInstancetype or VirtualMachineClusterInstancetype, not 'Flavor'"),
     (vm("nameless", instancetype={"kind": "VirtualMachineInstancetype"}),
-     "spec.instancetype.name", "is required"),
+     "spec.instancetype",
+     "Either Name or InferFromVolume should be provided within the InstancetypeMatcher"),
+    (vm("both", preference={"name": "x", "inferFromVolume": "containerdisk"}),
+     "spec.preference.name", "Name already set, should be cleared before setting "
+     "inferFromVolume"),
+    (vm("policy", preference={"inferFromVolume": "containerdisk",
+                              "inferFromVolumeFailurePolicy": "Shrug"}),
+     "spec.preference.inferFromVolumeFailurePolicy",
+     "Invalid value 'Shrug' for InferFromVolumeFailurePolicy"),
     (instancetype("Big", 1, "1Gi"), "metadata.name",
      "must be a DNS-1123 subdomain: at most 253 characters, DNS-1123 labels joined by '.'"),
     (instancetype("x", 1, "1Gi", version="v2"), "apiVersion",
