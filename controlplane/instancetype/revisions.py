@@ -21,6 +21,7 @@ from controlplane.instancetype.expand import (
     not_carried,
 )
 from controlplane.instancetype.infer import FAILURE_POLICIES, with_inferred_matchers
+from controlplane.instancetype.mutate import with_preferred_defaults
 from controlplane.instancetype.requirements import check_requirements, check_spread
 from events.api.base import ObjectMeta
 from events.api.instancetype import (
@@ -114,6 +115,9 @@ def admitted_vm(d: Decision, submitted: VirtualMachine,
         _check_matcher(family, getattr(submitted.spec, family.field),
                        getattr(stored.spec, family.field) if stored.exists else None)
     new = _with_kept_pins(with_inferred_matchers(submitted), stored)
+    preference = _find(d, PREFERENCES, new.spec.preference, new.metadata.namespace)
+    if isinstance(preference, VirtualMachinePreferenceSpec):
+        new = with_preferred_defaults(new, preference)
     admit_vm(d, new)
     return new
 

@@ -428,3 +428,22 @@ subjects: [{kind: User, name: erin}]
     assert policy.allows("erin", command_request(namespaced["kind"], "apply", "", namespaced))
     assert not policy.allows("erin", command_request(cluster["kind"], "apply", "", cluster))
     assert not policy.allows("erin", command_request(cluster["kind"], "delete", "default"))
+
+
+def test_the_vm_itself_takes_the_preferred_machine_and_storage(handler: SyncHandler) -> None:
+    """KubeVirt's mutating webhook writes these into the stored VM, not only its VMIs."""
+    state = ClusterState()
+    run_accepted(handler, state, apply(preference("q35", {
+        "machine": {"preferredMachineType": "pc-q35-rhel9.2.0"},
+        "volumes": {"preferredStorageClassName": "fast"}})))
+    manifest = vm("shaped", {"memory": {"guest": "1Gi"}},
+                  preference={"kind": "VirtualMachinePreference", "name": "q35"})
+    manifest["spec"]["dataVolumeTemplates"] = [
+        {"metadata": {"name": "root"}, "spec": {"storage": {"resources": {}}}},
+        {"metadata": {"name": "data"}, "spec": {"pvc": {"storageClassName": "slow"}}}]
+    run_accepted(handler, state, apply(manifest))
+    spec = get(state, "VirtualMachine", "shaped")["spec"]
+    assert spec["template"]["spec"]["domain"]["machine"] == {"type": "pc-q35-rhel9.2.0"}
+    assert [t["spec"] for t in spec["dataVolumeTemplates"]] == [
+        {"storage": {"resources": {}, "storageClassName": "fast"}},
+        {"pvc": {"storageClassName": "slow"}}]
