@@ -16,6 +16,7 @@ from typing import Any, Final
 import msgspec
 
 from events.api.base import ObjectMeta
+from events.api.domain import Quantity
 from events.api.instancetype import (
     THREADS_PER_CORE,
     VirtualMachineInstancetypeSpec,
@@ -45,6 +46,21 @@ def _float32(x: float) -> float:
     """`x` rounded to a Go float32, which KubeVirt's overcommit arithmetic uses."""
     rounded: float = struct.unpack("f", struct.pack("f", x))[0]
     return rounded
+
+
+BINARY_SUFFIXES: Final = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+DECIMAL_SUFFIXES: Final = ("k", "M", "G", "T", "P", "E")
+
+
+def _quantity_like(amount: int, like: Quantity) -> str:
+    """`amount` as Kubernetes writes a quantity in the format of `like` (binary `Mi`/`Gi`
+    or decimal `M`/`G`): with the largest suffix that divides it exactly."""
+    binary = isinstance(like, str) and like.endswith("i")
+    base, suffixes = (1024, BINARY_SUFFIXES) if binary else (1000, DECIMAL_SUFFIXES)
+    shown, exponent = amount, 0
+    while shown and shown % base == 0 and exponent < len(suffixes):
+        shown, exponent = shown // base, exponent + 1
+    return f"{shown}{suffixes[exponent - 1]}" if exponent else str(shown)
 
 
 class InstancetypeConflict(InvalidSpec):
@@ -189,7 +205,7 @@ def _apply_memory(it: VirtualMachineInstancetypeSpec, vmi: dict[str, Any],
         guest = _float32(float(quantity(it.memory.guest)))
         share = _float32(1 - _float32(it.memory.overcommit_percent / PERCENT))
         requests = domain.setdefault("resources", {}).setdefault("requests", {})
-        requests["memory"] = int(_float32(guest * share))
+        requests["memory"] = _quantity_like(int(_float32(guest * share)), it.memory.guest)
     if it.memory.hugepages is not None:
         memory["hugepages"] = msgspec.to_builtins(it.memory.hugepages)
     return []

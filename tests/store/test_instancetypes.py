@@ -447,3 +447,17 @@ def test_the_vm_itself_takes_the_preferred_machine_and_storage(handler: SyncHand
     assert [t["spec"] for t in spec["dataVolumeTemplates"]] == [
         {"storage": {"resources": {}, "storageClassName": "fast"}},
         {"pvc": {"storageClassName": "slow"}}]
+
+
+def test_an_overcommitted_instancetype_asks_for_less_than_the_guest_gets(
+        handler: SyncHandler) -> None:
+    """common-instancetypes' o1.medium: 4Gi for the guest, half of it requested."""
+    state = ClusterState()
+    overcommitted = instancetype("o1.medium", 1, "4Gi", kind="VirtualMachineClusterInstancetype")
+    overcommitted["spec"]["memory"]["overcommitPercent"] = 50
+    run_accepted(handler, state, apply(overcommitted))
+    run_accepted(handler, state, apply(vm("dense", instancetype={"name": "o1.medium"})))
+    reconcile(handler, state, "dense")
+    domain = vmi_spec(state, "dense")["domain"]
+    assert (domain["memory"], domain["resources"]) == (
+        {"guest": "4Gi"}, {"requests": {"memory": "2Gi"}})
