@@ -35,6 +35,14 @@ NOT_CARRIED: Final = {"gpus": "gpus", "hostDevices": "host_devices",
                       "launchSecurity": "launch_security"}
 """Instancetype fields a VMI of virtbus has no field for yet (JSON name -> attribute): an
 instancetype that sets one is refused rather than silently run without it."""
+UNAPPLIED_DEVICE_PREFERENCES: Final = (
+    "preferredAutoattachInputDevice", "preferredDisableHotplug", "preferredVirtualGPUOptions",
+    "preferredUseVirtioTransitional", "preferredDiskDedicatedIoThread", "preferredDiskIO",
+    "preferredDiskBlockSize", "preferredBlockMultiQueue", "preferredNetworkInterfaceMultiQueue",
+    "preferredTPM", "preferredPanicDeviceModel", "preferredVideoType")
+"""Device preferences for fields a virtbus VMI has no place for yet: a preference is only a
+preference, so they are not refused, but said (`unapplied_preferences`) rather than dropped
+unseen. (`preferredSoundModel` applies only to a sound device, which virtbus never has.)"""
 NOT_CARRIED_CPU: Final = ("numa", "realtime")
 NOT_CARRIED_MEMORY: Final = ("maxGuest",)
 INTERFACE_BINDINGS: Final = ("masquerade", "bridge")
@@ -105,6 +113,15 @@ def not_carried(instancetype: VirtualMachineInstancetypeSpec) -> list[str]:
     fields += [f"cpu.{name}" for name in NOT_CARRIED_CPU if name in cpu]
     fields += [f"memory.{name}" for name in NOT_CARRIED_MEMORY if name in memory]
     return fields
+
+
+def unapplied_preferences(preference: VirtualMachinePreferenceSpec) -> list[str]:
+    """What the preference asks that no virtbus VMI can hold (JSON paths in the preference)."""
+    devices = msgspec.to_builtins(preference.devices) if preference.devices else {}
+    unapplied = [f"devices.{name}" for name in UNAPPLIED_DEVICE_PREFERENCES if name in devices]
+    if preference.preferred_launch_security is not None:
+        unapplied.append("preferredLaunchSecurity")
+    return unapplied
 
 
 # --- instancetype ----------------------------------------------------------------------------

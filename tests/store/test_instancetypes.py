@@ -10,6 +10,7 @@ import uuid
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from controlplane.controllers.vm import VMController
 from events.messages import Command
@@ -461,3 +462,19 @@ def test_an_overcommitted_instancetype_asks_for_less_than_the_guest_gets(
     domain = vmi_spec(state, "dense")["domain"]
     assert (domain["memory"], domain["resources"]) == (
         {"guest": "4Gi"}, {"requests": {"memory": "2Gi"}})
+
+
+def test_preferences_no_vmi_can_hold_are_said_not_dropped_unseen(handler: SyncHandler) -> None:
+    state = ClusterState()
+    run_accepted(handler, state, apply(preference("fancy", {"devices": {
+        "preferredDiskBus": "virtio", "preferredTPM": {}, "preferredVideoType": "virtio"}})))
+    run_accepted(handler, state, apply(vm("fancy", {"memory": {"guest": "1Gi"}},
+                                          preference={"kind": "VirtualMachinePreference",
+                                                      "name": "fancy"})))
+    with capture_logs() as logs:
+        assert reconcile(handler, state, "fancy") == ["create-for-vm"]
+    warned = [e for e in logs if e["log_level"] == "warning"]
+    assert [(e["name"], e["preferences"]) for e in warned] == [
+        ("fancy", ["devices.preferredTPM", "devices.preferredVideoType"])]
+    disks = vmi_spec(state, "fancy")["domain"]["devices"]["disks"]
+    assert [d["disk"]["bus"] for d in disks] == ["sata", "virtio"]
