@@ -48,16 +48,14 @@ NOT_CARRIED_MEMORY: Final = ("maxGuest",)
 INTERFACE_BINDINGS: Final = ("masquerade", "bridge")
 """An interface's binding methods: with none set, a preferred masquerade applies."""
 PERCENT: Final = 100
+BINARY_SUFFIXES: Final = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+DECIMAL_SUFFIXES: Final = ("k", "M", "G", "T", "P", "E")
 
 
 def _float32(x: float) -> float:
     """`x` rounded to a Go float32, which KubeVirt's overcommit arithmetic uses."""
     rounded: float = struct.unpack("f", struct.pack("f", x))[0]
     return rounded
-
-
-BINARY_SUFFIXES: Final = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
-DECIMAL_SUFFIXES: Final = ("k", "M", "G", "T", "P", "E")
 
 
 def _quantity_like(amount: int, like: Quantity) -> str:
