@@ -39,8 +39,10 @@ from events.directget import read_all, sequence
 from events.errors import InvalidSpec, NotFound
 from events.logs import configure
 from events.messages import SimReply, SimRequest
+from events.policy import resource_of
 from events.subjects import DEFAULT_PREFIX, decode_token, split_aggregate_id
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY
+from projections.instancetype import INSTANCETYPE_KINDS
 from projections.query import resolve_kind
 
 Handler = Callable[[argparse.Namespace, Client], Coroutine[Any, Any, int]]
@@ -85,7 +87,7 @@ def _row(kind: str, obj: dict[str, Any]) -> list[str]:
             done = f"{100 * progress.get('dataProcessedBytes', 0) // total}%" if total else ""
             return [meta["name"], status.get("phase", ""), obj["spec"].get("vmiName", ""),
                     state.get("sourceNode", ""), state.get("targetNode", ""), done, age]
-        case kind if kind in HCO_KINDS:
+        case kind if kind in HCO_KINDS or kind in INSTANCETYPE_KINDS:
             return [meta["name"], age]
         case _:
             ready = status.get("conditions", [{}])[0].get("status") == "True"
@@ -99,7 +101,7 @@ HEADERS = {
     "Node": ["NAME", "STATUS", "AGE"],
     "VirtualMachineInstanceMigration": ["NAME", "PHASE", "VMI", "SOURCE", "TARGET", "PROGRESS",
                                         "AGE"],
-    **{kind: ["NAME", "AGE"] for kind in HCO_KINDS},
+    **{kind: ["NAME", "AGE"] for kind in (*HCO_KINDS, *INSTANCETYPE_KINDS)},
 }
 
 
@@ -129,7 +131,7 @@ async def cmd_apply(args: argparse.Namespace, vb: Client) -> int:
     for doc in docs:
         kind, meta = doc.get("kind", ""), doc.get("metadata", {})
         try:
-            await vb.get(kind, meta.get("namespace", ""), meta.get("name", ""))
+            await vb.get(kind, scope(kind, meta.get("namespace", "")), meta.get("name", ""))
             before[id(doc)] = True
         except (NotFound, RuntimeError):
             before[id(doc)] = False
@@ -137,7 +139,8 @@ async def cmd_apply(args: argparse.Namespace, vb: Client) -> int:
     for doc, outcome in zip(docs, outcomes, strict=True):
         verb = ("configured" if outcome.sequences else "unchanged") if before[id(doc)] \
             else "created"
-        print(f"{str(doc['kind']).lower()}.kubevirt.io/{doc['metadata']['name']} {verb}")
+        group = str(doc.get("apiVersion", "")).rpartition("/")[0]
+        print(f"{str(doc['kind']).lower()}.{group}/{doc['metadata']['name']} {verb}")
     return 0
 
 
@@ -179,8 +182,9 @@ def _act(verb: str, message: str) -> Handler:
 async def cmd_delete(args: argparse.Namespace, vb: Client) -> int:
     kind = resolve_kind(args.kind)
     extra = {} if args.grace_period is None else {"grace_period_seconds": args.grace_period}
-    await vb.act(kind, "delete", args.namespace, args.name, **extra)
-    print(f'{kind.lower()}.kubevirt.io "{args.name}" deleted')
+    await vb.act(kind, "delete", scope(kind, args.namespace), args.name, **extra)
+    group = resource_of(kind)[0]
+    print(f'{kind.lower()}{"." if group else ""}{group} "{args.name}" deleted')
     return 0
 
 

@@ -27,6 +27,7 @@ from nats.js.kv import KeyValue
 from controlplane.defaults import COMMAND_AWAIT_TIMEOUT_SECONDS
 from controlplane.node_commands import LabelBody, TaintBody, TaintKey
 from events.api.hco_defaults import KIND as HCO_API_KIND
+from events.api.instancetype import CLUSTER_KINDS
 from events.api.manifest import decode_object
 from events.api.scheduling import Taint
 from events.codec import Event
@@ -34,6 +35,8 @@ from events.connect import Access, connect, url_user
 from events.directget import last_on, read_all, sequence
 from events.errors import InvalidSpec, NotFound
 from events.hco import HCO_KIND, OPERAND_TOKENS
+from events.instancetype import KIND_TOKENS as INSTANCETYPE_TOKENS
+from events.instancetype import REVISION_KIND, REVISION_TOKEN
 from events.messages import (
     Command,
     Outcome,
@@ -55,8 +58,8 @@ from projections.service import render, render_view
 
 KIND_TOKENS = {"VirtualMachine": VM_KIND, "VirtualMachineInstance": VMI_KIND, "Node": NODE_KIND,
                "VirtualMachineInstanceMigration": MIGRATION_KIND, HCO_API_KIND: HCO_KIND,
-               **OPERAND_TOKENS}
-CLUSTER_SCOPED = frozenset({"Node", HCO_API_KIND, *OPERAND_TOKENS})
+               **OPERAND_TOKENS, **INSTANCETYPE_TOKENS, REVISION_KIND: REVISION_TOKEN}
+CLUSTER_SCOPED = frozenset({"Node", HCO_API_KIND, *OPERAND_TOKENS, *CLUSTER_KINDS})
 """Kinds whose aggregates are cluster-scoped: their namespace is not part of the id."""
 
 

@@ -37,6 +37,7 @@ from controlplane.defaults import (
 )
 from controlplane.feature_gates import VM_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
+from controlplane.instancetype.revisions import admitted_vm, delete_revisions
 from events.api.vm import VirtualMachine
 from events.subjects import aggregate_id
 from events.vm import (
@@ -74,10 +75,11 @@ def current_vmi(d: Decision) -> VirtualMachineInstanceView | None:
 
 @handles(KIND, "apply")
 def apply(d: Decision) -> None:
-    new = d.submitted(VirtualMachine)
-    admit_by_feature_gates(d, new.spec.template.spec, VM_SPEC_PATH)
-    meta = new.metadata
+    submitted = d.submitted(VirtualMachine)
+    admit_by_feature_gates(d, submitted.spec.template.spec, VM_SPEC_PATH)
+    meta = submitted.metadata
     vm = d.load(aggregate_id(VM_KIND, meta.namespace, meta.name), VirtualMachineView)
+    new = admitted_vm(d, submitted, vm.state)
     if not vm.exists:
         d.trigger(vm, VirtualMachineCreated, uid=str(uuid.uuid4()), metadata=meta, spec=new.spec)
         return
@@ -175,6 +177,7 @@ def restart(d: Decision) -> None:
 @handles(KIND, "delete")
 def delete(d: Decision) -> None:
     vm = load_vm(d)
+    delete_revisions(d, vm.state)
     d.trigger(vm, VirtualMachineDeleted)
 
 

@@ -13,6 +13,7 @@ from controlplane.aggregate import Aggregate
 from controlplane.feature_gates import VMI_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
 from controlplane.hco_commands import with_cluster_cpu_model, with_cpu_model
+from controlplane.instancetype.revisions import expand_for_start
 from controlplane.vm_commands import KIND as VM_KIND_NAME
 from controlplane.vm_commands import load_vm
 from events.api.base import ObjectMeta
@@ -106,8 +107,10 @@ def create_for_vm(d: Decision) -> None:
     if not vm.exists or not vm.state.starts_without_vmi or vmi.exists or vm.state.spec is None:
         raise Rejected("no longer needed")
     template = vm.state.spec.template
+    expanded = expand_for_start(d, vm.id)
+    spec = expanded.spec if expanded is not None else template.spec
     try:
-        admit_by_feature_gates(d, template.spec, VMI_SPEC_PATH)
+        admit_by_feature_gates(d, spec, VMI_SPEC_PATH)
     except InvalidSpec as refused:
         # Admitted while the gate was on; KubeVirt's VMI webhook refuses it now, and so here.
         log.warning("VMI of an admitted VM refused: its feature gate has been turned off",
@@ -115,10 +118,11 @@ def create_for_vm(d: Decision) -> None:
                     reason=refused.rule)
         raise
     labels = {**template.metadata.labels, "kubevirt.io/vm": cmd.name}
+    annotations = expanded.annotations if expanded is not None else template.metadata.annotations
     meta = ObjectMeta(name=cmd.name, namespace=cmd.namespace, labels=labels,
-                      annotations=dict(template.metadata.annotations))
+                      annotations=dict(annotations))
     d.trigger(vmi, VirtualMachineInstanceCreated, uid=str(uuid.uuid4()), metadata=meta,
-              spec=with_cluster_cpu_model(d, template.spec), owner=cmd.name,
+              spec=with_cluster_cpu_model(d, spec), owner=cmd.name,
               restart_count=vm.state.restart_count)
     if vm.state.start_requested:
         d.trigger(vm, VirtualMachineStartRequestDone)

@@ -17,6 +17,7 @@ from nats.aio.client import Client
 
 import controlplane.drain.commands
 import controlplane.hco_commands
+import controlplane.instancetype.commands
 import controlplane.migration.commands
 import controlplane.node_commands
 import controlplane.vm_commands
@@ -30,7 +31,7 @@ from events.subjects import Layout
 HANDLER_MODULES = (controlplane.vm_commands, controlplane.vmi_commands,
                    controlplane.node_commands, controlplane.hco_commands,
                    controlplane.migration.commands, controlplane.drain.commands,
-                   controlplane.workloadupdate.commands)
+                   controlplane.workloadupdate.commands, controlplane.instancetype.commands)
 """Imported for their `@handles` registrations."""
 
 

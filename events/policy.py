@@ -24,11 +24,13 @@ from typing import Final, Literal
 import msgspec
 import yaml
 
+from events.api.instancetype import CLUSTER_KINDS
 from events.errors import InvalidSpec
 
 RBAC_API_VERSION: Final = "rbac.authorization.k8s.io/v1"
 WILDCARD: Final = "*"
 KUBEVIRT_GROUP: Final = "kubevirt.io"
+INSTANCETYPE_GROUP: Final = "instancetype.kubevirt.io"
 SUBRESOURCES_GROUP: Final = "subresources.kubevirt.io"
 DEFAULT_NAMESPACE: Final = "default"
 
@@ -129,7 +131,7 @@ def _kubevirt_writer(name: str, verbs: list[str]) -> ClusterRole:
     return _cluster_role(
         name,
         PolicyRule(api_groups=[KUBEVIRT_GROUP], resources=_KUBEVIRT_RESOURCES, verbs=verbs),
-        PolicyRule(api_groups=["instancetype.kubevirt.io"], resources=_INSTANCETYPE_RESOURCES,
+        PolicyRule(api_groups=[INSTANCETYPE_GROUP], resources=_INSTANCETYPE_RESOURCES,
                    verbs=verbs),
         PolicyRule(api_groups=[SUBRESOURCES_GROUP], resources=_VM_ACTIONS + _VMI_ACTIONS,
                    verbs=["update"]))
@@ -142,7 +144,7 @@ BUILTIN_CLUSTER_ROLES: Final = {
         _kubevirt_writer("kubevirt.io:admin", _ALL_VERBS),
         _kubevirt_writer("kubevirt.io:edit", _ALL_VERBS[:-1]),
         _cluster_role("kubevirt.io:view",
-                      PolicyRule(api_groups=[KUBEVIRT_GROUP, "instancetype.kubevirt.io"],
+                      PolicyRule(api_groups=[KUBEVIRT_GROUP, INSTANCETYPE_GROUP],
                                  resources=_KUBEVIRT_RESOURCES + _INSTANCETYPE_RESOURCES,
                                  verbs=["get", "list", "watch"])),
     )
@@ -161,6 +163,12 @@ _GROUPS: Final = {
     "NetworkAddonsConfig": ("networkaddonsoperator.network.kubevirt.io",
                             "networkaddonsconfigs"),
     "Node": ("", "nodes"),
+    "VirtualMachineInstancetype": (INSTANCETYPE_GROUP, "virtualmachineinstancetypes"),
+    "VirtualMachineClusterInstancetype": (INSTANCETYPE_GROUP,
+                                          "virtualmachineclusterinstancetypes"),
+    "VirtualMachinePreference": (INSTANCETYPE_GROUP, "virtualmachinepreferences"),
+    "VirtualMachineClusterPreference": (INSTANCETYPE_GROUP, "virtualmachineclusterpreferences"),
+    "ControllerRevision": ("apps", "controllerrevisions"),
 }
 """Each kind's API group and resource, as the Kubernetes API names them."""
 
@@ -189,7 +197,9 @@ def command_request(kind: str, verb: str, namespace: str, manifest: object = Non
     """The Kubernetes request a command stands for. The object an `apply` carries is decided
     in its own namespace (`metadata.namespace`, else `default`, as admission defaults it),
     whatever the envelope says: that is where the handler puts it."""
-    if verb == "apply" and isinstance(manifest, dict):
+    if kind in CLUSTER_KINDS:
+        namespace = ""  # whatever the manifest says: only a cluster-wide grant covers it
+    elif verb == "apply" and isinstance(manifest, dict):
         meta = manifest.get("metadata")
         inner = meta.get("namespace") if isinstance(meta, dict) else None
         namespace = inner if isinstance(inner, str) and inner else DEFAULT_NAMESPACE

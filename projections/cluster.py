@@ -18,6 +18,7 @@ from events.nodes import NODE_KIND
 from events.subjects import aggregate_id
 from events.vm import PAUSED_MESSAGES, VM_KIND, VMI_KIND
 from projections.hco import HCO_VIEW_KINDS
+from projections.instancetype import INSTANCETYPE_VIEW_KINDS, revision_refs
 from projections.migratable import not_migratable
 from projections.migration import MigrationView, WorkloadUpdateView, render_migration_state
 from projections.views import (
@@ -39,6 +40,7 @@ VIEW_KINDS: dict[str, type[View]] = {
     MIGRATION_KIND: MigrationView,
     WORKLOAD_UPDATE_KIND: WorkloadUpdateView,
     **HCO_VIEW_KINDS,
+    **INSTANCETYPE_VIEW_KINDS,
 }
 
 
@@ -266,6 +268,8 @@ def render_vm(vm: VirtualMachineView, vmi: VirtualMachineInstanceView | None) ->
         }
     if vm.restart_count:
         status["restartCount"] = vm.restart_count
+    if vm.spec is not None:
+        status.update(revision_refs(vm.spec))
     return {
         "apiVersion": API_VERSION,
         "kind": "VirtualMachine",

@@ -6,6 +6,8 @@
 | `/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines[/{name}]`  | list or one object  |
 | the same for `virtualmachineinstances`                           |                     |
 | `/api/v1/nodes[/{name}]`                                         | NodeList or a Node  |
+| `/apis/instancetype.kubevirt.io/{version}/[namespaces/{ns}/]`    | list or one object  |
+| `virtualmachine[cluster]{instancetypes,preferences}[/{name}]`    |                     |
 | `/metrics`                                                       | Prometheus text     |
 | `/healthz`                                                       | `ok`                |
 
@@ -22,6 +24,13 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from events.api.instancetype import (
+    API_VERSIONS,
+    CLUSTER_INSTANCETYPE,
+    CLUSTER_PREFERENCE,
+    INSTANCETYPE,
+    PREFERENCE,
+)
 from events.query import Query
 from projections.cluster import ClusterState
 from projections.hco import METRICS_QUERY
@@ -34,6 +43,11 @@ ProcessMetrics = Callable[[], bytes]
 out of the log's metrics and appended only to what `/metrics` scrapes."""
 RESOURCES = {"virtualmachines": "VirtualMachine",
              "virtualmachineinstances": "VirtualMachineInstance", "nodes": "Node"}
+INSTANCETYPE_RESOURCES = {"virtualmachineinstancetypes": INSTANCETYPE,
+                          "virtualmachinepreferences": PREFERENCE}
+CLUSTER_INSTANCETYPE_RESOURCES = {"virtualmachineclusterinstancetypes": CLUSTER_INSTANCETYPE,
+                                  "virtualmachineclusterpreferences": CLUSTER_PREFERENCE}
+INSTANCETYPE_VERSIONS = [v.rpartition("/")[2] for v in API_VERSIONS]
 
 
 def route(path: str) -> tuple[Query, bool] | None:
@@ -51,8 +65,25 @@ def route(path: str) -> tuple[Query, bool] | None:
             return Query(kind="Node"), False
         case ["api", "v1", "nodes", name]:
             return Query(kind="Node", name=name), True
+        case ["apis", "instancetype.kubevirt.io", version, *rest] \
+                if version in INSTANCETYPE_VERSIONS:
+            return _instancetype_route(rest)
         case _:
             return None
+
+
+def _instancetype_route(parts: list[str]) -> tuple[Query, bool] | None:
+    match parts:
+        case [resource, *name] if resource in CLUSTER_INSTANCETYPE_RESOURCES and len(name) < 2:
+            return Query(kind=CLUSTER_INSTANCETYPE_RESOURCES[resource],
+                         name="".join(name)), bool(name)
+        case [resource] if resource in INSTANCETYPE_RESOURCES:
+            return Query(kind=INSTANCETYPE_RESOURCES[resource]), False
+        case ["namespaces", ns, resource, *name] if resource in INSTANCETYPE_RESOURCES \
+                and len(name) < 2:
+            return Query(kind=INSTANCETYPE_RESOURCES[resource], namespace=ns,
+                         name="".join(name)), bool(name)
+    return None
 
 
 def respond(state: ClusterState, render: Render, path: str,

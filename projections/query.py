@@ -19,6 +19,19 @@ KINDS: Final = {
     "CDI": ("cdi", "cdis"),
     "NetworkAddonsConfig": ("networkaddonsconfig", "networkaddonsconfigs"),
     "SSP": ("ssp", "ssps"),
+    "VirtualMachineInstancetype": ("vminstancetype", "vminstancetypes", "vmf", "vmfs",
+                                   "virtualmachineinstancetype",
+                                   "virtualmachineinstancetypes"),
+    "VirtualMachineClusterInstancetype": ("vmclusterinstancetype", "vmclusterinstancetypes",
+                                          "vmcf", "vmcfs", "virtualmachineclusterinstancetype",
+                                          "virtualmachineclusterinstancetypes"),
+    "VirtualMachinePreference": ("vmpreference", "vmpreferences", "vmpref", "vmprefs", "vmp",
+                                 "vmps", "virtualmachinepreference",
+                                 "virtualmachinepreferences"),
+    "VirtualMachineClusterPreference": ("vmclusterpreference", "vmclusterpreferences", "vmcp",
+                                        "vmcps", "virtualmachineclusterpreference",
+                                        "virtualmachineclusterpreferences"),
+    "ControllerRevision": ("controllerrevision", "controllerrevisions"),
 }
 """Kinds the read side serves, with the short names kubectl users type."""
 

@@ -36,6 +36,9 @@ from projections.cluster import (
 from projections.follower import follow, head
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY, answer, cluster_tuning
 from projections.hco import render_view as render_hco_view
+from projections.instancetype import INSTANCETYPE_KINDS, ControllerRevisionView, InstancetypeView
+from projections.instancetype import of_kind as instancetype_objects
+from projections.instancetype import render as render_instancetype
 from projections.migration import MigrationView, render_migration
 from projections.views import NodeView, View, VirtualMachineInstanceView, VirtualMachineView
 
@@ -80,6 +83,10 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
                     out.append(node_object(state, node, tuning))
         case kind if kind in HCO_KINDS:
             out = answer(state, kind, query.name, datetime.now(UTC))
+        case kind if kind in INSTANCETYPE_KINDS:
+            out = [render_instancetype(view) for view in
+                   instancetype_objects(state.views.values(), kind)
+                   if _matches(query, view.metadata.namespace, view.metadata.name)]
         case kind if kind == METRICS_QUERY:
             [hco] = answer(state, kind, query.name, datetime.now(UTC))
             return [{"text": hco["text"] + vm_metrics.exposition(state).decode()}]
@@ -117,6 +124,8 @@ def render_view(state: ClusterState, view: View) -> dict[str, Any] | None:
             return node_object(state, view)
         case MigrationView():
             return migration_object(state, view)
+        case InstancetypeView() | ControllerRevisionView():
+            return render_instancetype(view)
     return render_hco_view(state, view)
 
 

@@ -32,6 +32,7 @@ from events.api.scheduling import (
 )
 from events.api.vm import VirtualMachineInstanceSpec, VirtualMachineSpec
 from events.codec import Event
+from events.instancetype import VirtualMachineRevisionsPinned
 from events.migration import (
     VirtualMachineInstanceEvacuationRequested,
     VirtualMachineInstanceMigrated,
@@ -206,6 +207,12 @@ class VirtualMachineView(View):
                     retry_after=event.timestamp + timedelta(seconds=delay))
             case VirtualMachineStartFailureCleared():
                 self.start_failure = None
+            case VirtualMachineRevisionsPinned(instancetype_revision=it, preference_revision=pr,
+                                               generation=gen):
+                if self.spec is None:
+                    self.ignore(event, "revisions pinned to a VM never created")
+                    return
+                self.spec, self.generation = self.spec.with_revisions(it, pr), gen
             case VirtualMachineDeleted():
                 self.exists = False
 

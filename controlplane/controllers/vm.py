@@ -36,8 +36,10 @@ from datetime import UTC, datetime
 from typing import Final
 
 from controlplane.controllers import derived_command
+from controlplane.instancetype.revisions import referenced_versions
 from events.codec import Event
 from events.hco import OPERAND_TOKENS
+from events.instancetype import KIND_TOKENS as INSTANCETYPE_TOKENS
 from events.messages import Command
 from events.subjects import aggregate_id, split_aggregate_id
 from events.vm import VM_KIND, VMI_KIND
@@ -66,9 +68,9 @@ class VMController:
 
     def on_event(self, state: ClusterState, event: Event) -> list[Command]:
         kind, namespace, name = split_aggregate_id(event.originator_id)
-        if kind == _KUBEVIRT:
-            # The effective configuration changed: a VMI its feature gates refused may be
-            # admitted now, without waiting for its VM to change.
+        if kind == _KUBEVIRT or kind in INSTANCETYPE_TOKENS.values():
+            # The effective configuration changed, or an instancetype or preference did: a
+            # VMI refused for either may be created now, without waiting for its VM to change.
             return self.resync(state)
         if kind not in (VM_KIND, VMI_KIND):
             return []
@@ -102,10 +104,11 @@ class VMController:
         # model): a refusal under one configuration is final for that command only.
         configuration = operand(state, "KubeVirt")
         kubevirt = configuration.version if configuration is not None else 0
+        references = referenced_versions(state, vm) if vm is not None else []
 
         def command(kind: str, verb: str) -> list[Command]:
             return [derived_command(NAME, kind, verb, namespace, name,
-                                    vm_version, vmi_version, kubevirt,
+                                    vm_version, vmi_version, kubevirt, *references,
                                     correlation_id=correlation_id)]
 
         if vmi is not None and not vmi.owner:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -10,7 +11,14 @@ import msgspec.inspect
 import yaml
 
 from events.api.base import ApiStruct
-from events.api.validation import DNS1123_LABEL_MAX, DNS1123_LABEL_RULE, validate_vmi_spec
+from events.api.validation import (
+    DNS1123_LABEL_MAX,
+    DNS1123_LABEL_RULE,
+    DNS1123_SUBDOMAIN,
+    DNS1123_SUBDOMAIN_MAX,
+    DNS1123_SUBDOMAIN_RULE,
+    validate_vmi_spec,
+)
 from events.api.vm import (
     API_VERSION,
     RUN_STRATEGIES,
@@ -21,15 +29,47 @@ from events.api.vm import (
 from events.errors import InvalidSpec
 from events.subjects import DNS1123_LABEL
 
-KINDS: dict[str, tuple[str, type[ApiStruct]]] = {
-    "VirtualMachine": (API_VERSION, VirtualMachine),
-    "VirtualMachineInstance": (API_VERSION, VirtualMachineInstance),
+
+def check_dns1123_label(field: str, value: str) -> None:
+    if not value:
+        raise InvalidSpec(field, "is required")
+    if len(value) > DNS1123_LABEL_MAX or not DNS1123_LABEL.fullmatch(value):
+        raise InvalidSpec(field, DNS1123_LABEL_RULE)
+
+
+class KindRules(msgspec.Struct, frozen=True):
+    """How `apply` admits one kind: the apiVersions it serves, its type, the rule its names
+    follow, whether it lives outside namespaces, and the kind's own admission checks."""
+
+    api_versions: tuple[str, ...]
+    cls: type[ApiStruct]
+    name_rule: Callable[[str, str], None]
+    cluster_scoped: bool = False
+    validate: Callable[[Any], None] | None = None
+
+
+def check_dns1123_subdomain(field: str, value: str) -> None:
+    """Most Kubernetes objects' names (`u1.medium`): labels joined by dots."""
+    if not value:
+        raise InvalidSpec(field, "is required")
+    if len(value) > DNS1123_SUBDOMAIN_MAX or not DNS1123_SUBDOMAIN.fullmatch(value):
+        raise InvalidSpec(field, DNS1123_SUBDOMAIN_RULE)
+
+
+KINDS: dict[str, KindRules] = {
+    "VirtualMachine": KindRules((API_VERSION,), VirtualMachine, check_dns1123_label),
+    "VirtualMachineInstance": KindRules((API_VERSION,), VirtualMachineInstance,
+                                        check_dns1123_label),
 }
-"""Kinds `apply` accepts: kind -> (apiVersion, type). Other modules register theirs."""
+"""Kinds `apply` accepts. Other modules register theirs."""
 
 
-def register_kind(kind: str, api_version: str, cls: type[ApiStruct]) -> None:
-    KINDS[kind] = (api_version, cls)
+def register_kind(kind: str, api_versions: str | tuple[str, ...], cls: type[ApiStruct], *,
+                  name_rule: Callable[[str, str], None] = check_dns1123_label,
+                  cluster_scoped: bool = False,
+                  validate: Callable[[Any], None] | None = None) -> None:
+    versions = (api_versions,) if isinstance(api_versions, str) else api_versions
+    KINDS[kind] = KindRules(versions, cls, name_rule, cluster_scoped, validate)
 
 
 def parse_documents(text: str, source: str = "input") -> list[dict[str, Any]]:
@@ -42,13 +82,6 @@ def parse_documents(text: str, source: str = "input") -> list[dict[str, Any]]:
         if not isinstance(doc, dict):
             raise InvalidSpec(f"{source}[{i}]", "each document must be a mapping (an object)")
     return docs
-
-
-def check_dns1123_label(field: str, value: str) -> None:
-    if not value:
-        raise InvalidSpec(field, "is required")
-    if len(value) > DNS1123_LABEL_MAX or not DNS1123_LABEL.fullmatch(value):
-        raise InvalidSpec(field, DNS1123_LABEL_RULE)
 
 
 def _field_path(message: str) -> tuple[str, str]:
@@ -94,32 +127,40 @@ def _allowed_values(cls: type[Any], path: str) -> list[str]:
 def decode_object(doc: dict[str, Any], *, default_namespace: str = "default") -> ApiStruct:
     """A typed object from one parsed document, admitted as KubeVirt's webhooks admit it:
     shape, names, and every VMI spec rule (`validate_vmi_spec`) on the VMI or VM template.
-    Rules that depend on the cluster (feature gates) are the control plane's."""
+    Rules that depend on the cluster (feature gates, and the spec of a VM with an instancetype
+    or a preference, which only their expansion completes) are the control plane's."""
     kind = doc.get("kind")
     if not isinstance(kind, str) or kind not in KINDS:
         raise InvalidSpec("kind", f"must be one of {', '.join(sorted(KINDS))}, not {kind!r}")
-    api_version, cls = KINDS[kind]
-    if doc.get("apiVersion") != api_version:
-        raise InvalidSpec("apiVersion", f"must be {api_version} for kind {kind}")
+    rules = KINDS[kind]
+    if doc.get("apiVersion") not in rules.api_versions:
+        raise InvalidSpec("apiVersion",
+                          f"must be {' or '.join(rules.api_versions)} for kind {kind}")
     try:
-        obj = msgspec.convert(doc, cls)
+        obj = msgspec.convert(doc, rules.cls)
     except msgspec.ValidationError as e:
         field, rule = _field_path(str(e))
-        allowed = _allowed_values(cls, field) if rule.startswith("Invalid enum value") else []
+        enum = rule.startswith("Invalid enum value")
+        allowed = _allowed_values(rules.cls, field) if enum else []
         if allowed:
             rule = f"must be one of {', '.join(allowed)}, not {rule.rpartition(' ')[2]}"
         raise InvalidSpec(field, rule) from None
     meta = getattr(obj, "metadata", None)
     if meta is not None:
-        check_dns1123_label("metadata.name", meta.name)
-        if not meta.namespace:
-            meta.namespace = default_namespace
-        check_dns1123_label("metadata.namespace", meta.namespace)
+        rules.name_rule("metadata.name", meta.name)
+        if rules.cluster_scoped:
+            meta.namespace = ""
+        else:
+            meta.namespace = meta.namespace or default_namespace
+            check_dns1123_label("metadata.namespace", meta.namespace)
     if isinstance(obj, VirtualMachine):
         validate_vm(obj)
-        validate_vmi_spec(obj.spec.template.spec, "spec.template.spec")
+        if obj.spec.instancetype is None and obj.spec.preference is None:
+            validate_vmi_spec(obj.spec.template.spec, "spec.template.spec")
     elif isinstance(obj, VirtualMachineInstance):
         validate_vmi_spec(obj.spec, "spec")
+    elif rules.validate is not None:
+        rules.validate(obj)
     return obj
 
 

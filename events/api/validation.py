@@ -86,6 +86,13 @@ DNS1123_LABEL_RULE = (
 """Volume names, as Kubernetes requires of a pod's volume names (KubeVirt's API says so of a
 VMI's, and makes launcher pod volumes of them); a disk's name is its volume's. The agent
 makes host files of them (`<volume>.img`), so nothing else may pass."""
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS1123_SUBDOMAIN_MAX = 253
+DNS1123_SUBDOMAIN_RULE = (
+    f"must be a DNS-1123 subdomain: at most {DNS1123_SUBDOMAIN_MAX} characters, DNS-1123 "
+    "labels joined by '.'"
+)
+
 INTERFACE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 INTERFACE_NAME_RULE = "can only contain letters, digits, dashes (-) or underscores (_)"
 """KubeVirt's rule for an interface's name; a network is paired with the interface of its

@@ -65,12 +65,24 @@ class VirtualMachineInstanceTemplateSpec(ApiStruct):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
 
 
+class Matcher(ApiStruct):
+    """`spec.instancetype` / `spec.preference`: which object, and the revision of it the VM is
+    pinned to. `revisionName` absent keeps the pin a controller set, as kubectl apply keeps a
+    field its user never wrote; `""` clears it, and the next start captures the object anew."""
+
+    name: str = ""
+    kind: str = ""
+    revision_name: str | None = None
+    infer_from_volume: str = ""
+    infer_from_volume_failure_policy: str | None = None
+
+
 class VirtualMachineSpec(ApiStruct):
     template: VirtualMachineInstanceTemplateSpec
     running: bool | None = None
     run_strategy: str | None = None
-    instancetype: dict[str, Any] | None = None
-    preference: dict[str, Any] | None = None
+    instancetype: Matcher | None = None
+    preference: Matcher | None = None
     data_volume_templates: list[dict[str, Any]] = []
 
     @property
@@ -81,6 +93,17 @@ class VirtualMachineSpec(ApiStruct):
         if self.running is None:
             return "Halted"
         return "Always" if self.running else "Halted"
+
+    def with_revisions(self, instancetype: str, preference: str) -> VirtualMachineSpec:
+        """This spec with its matchers pinned to these revisions ('' leaves one as it is)."""
+        spec = self
+        if instancetype and spec.instancetype is not None:
+            spec = msgspec.structs.replace(spec, instancetype=msgspec.structs.replace(
+                spec.instancetype, revision_name=instancetype))
+        if preference and spec.preference is not None:
+            spec = msgspec.structs.replace(spec, preference=msgspec.structs.replace(
+                spec.preference, revision_name=preference))
+        return spec
 
 
 class VirtualMachine(ApiStruct):

@@ -124,6 +124,54 @@ def test_lifecycle_through_the_cli(cli: Cli, tmp_path: Path) -> None:
     cli.until("get", "vm", contains="No resources found")
 
 
+def test_instancetypes_through_the_cli(cli: Cli) -> None:
+    """kubectl's names and short names for the instancetype.kubevirt.io kinds, `-o yaml`,
+    and a VM's pinned revision shown in its spec and status."""
+    examples = EXAMPLE.parent
+    applied = cli("apply", "-f", str(examples / "common-instancetypes.yaml")).stdout
+    assert "virtualmachineclusterinstancetype.instancetype.kubevirt.io/u1.small created" \
+        in applied
+    assert "unchanged" in cli("apply", "-f", str(examples / "common-instancetypes.yaml")).stdout
+    for name in ("vmclusterinstancetype", "vmclusterinstancetypes", "vmcf", "vmcfs",
+                 "virtualmachineclusterinstancetypes"):
+        assert cli("get", name).stdout.splitlines()[0].split() == ["NAME", "AGE"]
+    table = cli("get", "vmcf").stdout
+    assert [line.split()[0] for line in table.splitlines()[1:]] == [
+        "cx1.large", "o1.medium", "u1.medium", "u1.micro", "u1.nano", "u1.small"]
+    small = yaml.safe_load(cli("get", "vmcf", "u1.small", "-o", "yaml").stdout)
+    assert small["apiVersion"] == "instancetype.kubevirt.io/v1beta1"
+    assert small["spec"] == {"cpu": {"guest": 1}, "memory": {"guest": "2Gi"}}
+    assert "namespace" not in small["metadata"]
+
+    cli("apply", "-f", str(examples / "vm-cirros-csmall.yaml"))
+    for name in ("vminstancetype", "vmf", "virtualmachineinstancetype"):
+        assert "csmall" in cli("get", name).stdout
+    assert "No resources found" in cli("get", "vmpref").stdout
+    cli("start", "vm-cirros-csmall")
+    first = yaml.safe_load(cli.until("get", "vmi", "vm-cirros-csmall", "-o", "yaml",
+                                     contains="phase: Running"))
+    shown = cli.until("get", "vm", "vm-cirros-csmall", "-o", "yaml", contains="revisionName")
+    vm = yaml.safe_load(shown)
+    revision = vm["spec"]["instancetype"]["revisionName"]
+    assert vm["status"]["instancetypeRef"]["controllerRevisionRef"] == {"name": revision}
+    assert revision in cli("get", "controllerrevision").stdout
+    assert cli("delete", "vmf", "csmall").stdout.strip() == \
+        'virtualmachineinstancetype.instancetype.kubevirt.io "csmall" deleted'
+    # The instancetype is gone; the pinned revision still sizes the VMI that replaces it.
+    cli("restart", "vm-cirros-csmall")
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        vmi = yaml.safe_load(cli("get", "vmi", "vm-cirros-csmall", "-o", "yaml", ok=False).stdout
+                             or "{}") or {}
+        if vmi.get("metadata", {}).get("uid") not in (None, first["metadata"]["uid"]) \
+                and vmi["status"]["phase"] == "Running":
+            break
+        time.sleep(0.1)  # poll interval of a condition wait
+    else:
+        raise AssertionError("the restarted VM's new VMI never ran")
+    assert vmi["spec"]["domain"]["memory"] == {"guest": "128Mi"}
+
+
 def _first_lines(cli: Cli, count: int) -> list[dict[str, object]]:
     """The first `count` changes of a `watch --since 1` (which then stays live)."""
     watch = subprocess.Popen(

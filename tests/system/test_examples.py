@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from controlplane.client import Client
+from events.api.manifest import parse_documents
 from tests.system.harness import System, eventually, vm_manifest, vmi_phase
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -30,3 +31,41 @@ async def test_audit_example_prints_history_and_past_state(system: System, vb: C
     assert "user:alice VirtualMachineCreated" in lines[0]
     assert "user:alice VirtualMachineRunStrategyChanged" in lines[1]
     assert lines[-1].endswith(": Running, runStrategy Always")
+
+
+async def test_every_example_is_accepted_and_instancetypes_size_their_vms(
+        system: System, vb: Client) -> None:
+    """Every manifest of `examples/` applies (instancetypes before the VMs naming them, as
+    their file names sort); the VM sized by u1.small runs with its shape, the seed's stopped
+    csmall VM is pinned at its start, and a VM naming cx1.large is refused for what a virtbus
+    VMI cannot hold yet."""
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        outcomes = await vb.apply(*parse_documents(path.read_text(), path.name))
+        assert all(o.accepted for o in outcomes), path.name
+    assert [o["metadata"]["name"] for o in await vb.query("VirtualMachineClusterInstancetype")
+            ] == ["cx1.large", "o1.medium", "u1.medium", "u1.micro", "u1.nano", "u1.small"]
+
+    small = await eventually(lambda: vmi_phase(vb, "small", "Running"), what="small running")
+    domain = small["spec"]["domain"]
+    assert (domain["cpu"]["sockets"], domain["memory"]["guest"]) == (1, "2Gi")
+    assert [d["disk"]["bus"] for d in domain["devices"]["disks"]] == ["virtio", "virtio"]
+    assert domain["devices"]["rng"] == {}
+
+    await vb.act("VirtualMachine", "start", "default", "vm-cirros-csmall")
+    csmall = await eventually(lambda: vmi_phase(vb, "vm-cirros-csmall", "Running"),
+                              what="vm-cirros-csmall running")
+    assert csmall["spec"]["domain"]["memory"] == {"guest": "128Mi"}
+    source = await vb.get("VirtualMachineInstancetype", "default", "csmall")
+    pinned = await vb.get("VirtualMachine", "default", "vm-cirros-csmall")
+    revision = f"vm-cirros-csmall-csmall-{source['metadata']['uid']}-1"
+    assert pinned["spec"]["instancetype"]["revisionName"] == revision
+    assert (await vb.get("ControllerRevision", "default", revision))["data"]["kind"] == \
+        "VirtualMachineInstancetype"
+
+    exclusive = {**vm_manifest("exclusive"), "spec": {
+        "runStrategy": "Halted", "instancetype": {"name": "cx1.large"},
+        "template": {"spec": {"domain": {"devices": {}}}}}}
+    [refused] = await vb.apply(exclusive, check=False)
+    assert (refused.accepted, refused.field) == (False, "spec.instancetype")
+    assert refused.reason == ("the instancetype sets ioThreadsPolicy, cpu.numa, which a "
+                              "virtbus VMI cannot hold yet")
