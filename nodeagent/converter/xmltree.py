@@ -13,6 +13,7 @@ DOMAIN_ORDER = (
     "memory",
     "memoryBacking",
     "vcpu",
+    "vcpus",
     "sysinfo",
     "os",
     "features",

@@ -57,7 +57,7 @@ def spec_using(feature: str) -> dict[str, Any]:
         case "downward-metrics-device":
             devices["downwardMetrics"] = {}
         case "downward-metrics-volume":
-            disks.append({"name": "metrics", "disk": {}})
+            disks.append({"name": "metrics", "disk": {"bus": "virtio"}})
             volumes.append({"name": "metrics", "downwardMetrics": {}})
         case "lun-reservation":
             disks.append({"name": "shared", "lun": {"reservation": True}})
