@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 
 from controlplane.aggregate import Aggregate
-from controlplane.feature_gates import VM_SPEC_PATH, admit_by_feature_gates
+from controlplane.feature_gates import VM_METADATA_PATH, VM_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
 from events.api.vm import VirtualMachine
 from events.subjects import aggregate_id
@@ -45,7 +45,9 @@ def vmi_running(d: Decision) -> bool:
 @handles(KIND, "apply")
 def apply(d: Decision) -> None:
     new = d.submitted(VirtualMachine)
-    admit_by_feature_gates(d, new.spec.template.spec, VM_SPEC_PATH)
+    template = new.spec.template
+    admit_by_feature_gates(d, template.spec, VM_SPEC_PATH, template.metadata.annotations,
+                           VM_METADATA_PATH)
     meta = new.metadata
     vm = d.load(aggregate_id(VM_KIND, meta.namespace, meta.name), VirtualMachineView)
     if not vm.exists:
