@@ -17,7 +17,7 @@ import structlog
 
 from events.errors import Conflict, InvalidSpec, NotFound, VirtbusError
 from nodeagent.phases import StopCause
-from nodeagent.virterror import is_no_domain, is_unsupported
+from nodeagent.virterror import is_no_domain, is_unsupported, is_unsupported_flags
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -42,8 +42,10 @@ class SimulationRefused(VirtbusError):
     """Guest simulations exist only on libvirt's test driver; a real guest is never faked."""
 
 
-def define_and_start(conn: libvirt.virConnect, xml: str) -> libvirt.virDomain:
-    """Define the domain and start it, unless a domain of that name already runs.
+def define_and_start(conn: libvirt.virConnect, xml: str, *,
+                     paused: bool = False) -> libvirt.virDomain:
+    """Define the domain and start it, unless a domain of that name already runs; `paused`
+    starts its vCPUs suspended (KubeVirt's `startStrategy: Paused`).
 
     A running domain is left alone even if `xml` differs: an agent restart must never
     launch a guest twice. The same name with another uuid is a different VMI: refused.
@@ -61,12 +63,27 @@ def define_and_start(conn: libvirt.virConnect, xml: str) -> libvirt.virDomain:
         return existing
     dom = conn.defineXML(xml)
     try:
-        dom.create()
+        _create(dom, paused=paused)
     except libvirt.libvirtError:
         if not dom.isActive():
             raise
-    log.info("domain started", domain=name, uuid=dom.UUIDString())
+    log.info("domain started", domain=name, uuid=dom.UUIDString(), paused=paused)
     return dom
+
+
+def _create(dom: libvirt.virDomain, *, paused: bool) -> None:
+    if not paused:
+        dom.create()
+        return
+    try:
+        dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+    except libvirt.libvirtError as err:
+        if not is_unsupported_flags(err):
+            raise
+        # libvirt's test driver cannot start paused; its guests run no code, so a guest
+        # suspended straight after its start is the same guest.
+        dom.create()
+        dom.suspend()
 
 
 def graceful_stop(

@@ -247,3 +247,16 @@ async def test_observations_reach_asyncio(
             pass
         assert observation.event in {libvirt.VIR_DOMAIN_EVENT_DEFINED, STARTED}
         graceful_stop(conn, name, 0, watcher)
+
+
+def test_a_paused_start_leaves_the_vcpus_suspended(
+    conn: libvirt.virConnect, watcher: LifecycleWatcher, domain_xml: Callable[..., str]
+) -> None:
+    """startStrategy: Paused (the test driver cannot start paused: suspended at once)."""
+    dom = define_and_start(conn, domain_xml(), paused=True)
+    try:
+        assert dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED
+        unpause(conn, dom.name())
+        assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+    finally:
+        graceful_stop(conn, dom.name(), 0, watcher)
