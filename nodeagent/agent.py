@@ -677,6 +677,7 @@ class NodeAgent:
             with _serving(self.in_progress.get(ref.domain, "")):
                 try:
                     if phase is GuestPhase.RUNNING:
+                        verdict = await asyncio.to_thread(lifecycle.verdict_now, self.conn, obs)
                         await self._persist()
                         await self.report_domain(ref, phase, reason, paused=verdict.paused,
                                                  paused_reason=verdict.paused_reason)

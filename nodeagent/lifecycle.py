@@ -16,12 +16,13 @@ import libvirt
 import structlog
 
 from events.errors import Conflict, InvalidSpec, NotFound, VirtbusError
-from nodeagent.phases import StopCause
+from nodeagent.phases import GuestPhase, StopCause, judge
 from nodeagent.virterror import is_no_domain, is_unsupported, is_unsupported_flags
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from nodeagent.phases import Observation, Verdict
     from nodeagent.watcher import LifecycleWatcher
 
 log = structlog.get_logger(__name__)
@@ -229,6 +230,22 @@ def _simulate(
         watcher.forget(name)
         raise
     log.info("simulated", domain=name, cause=cause)
+
+
+def verdict_now(conn: libvirt.virConnect, obs: Observation) -> Verdict:
+    """What an event that leaves the guest running means by the time it is reported: the
+    guest's pause state now, since later events may have changed it (a guest started paused
+    is STARTED, then SUSPENDED, and its STARTED must not report it unpaused). The event's
+    own verdict when the domain is gone, stopped, or cannot be asked."""
+    try:
+        dom = _lookup(conn, obs.name)
+        if dom is None:
+            return obs.verdict
+        state, reason = dom.state()
+    except libvirt.libvirtError:
+        return obs.verdict
+    now = judge(state, reason, obs.cause)
+    return now if now.phase is GuestPhase.RUNNING else obs.verdict
 
 
 def _lookup(conn: libvirt.virConnect, name: str) -> libvirt.virDomain | None:
