@@ -11,15 +11,20 @@ as KubeVirt's VM and VMI admission webhooks refuse it.
 
 GPU, NUMA and VMPersistentState (a persistent TPM) are GA in KubeVirt: no gate asks for them.
 
-| command                          | field prefix          | gate off                  |
-|----------------------------------|-----------------------|---------------------------|
-| VirtualMachine apply             | `spec.template.spec.` | refused, nothing appended |
-| VirtualMachineInstance apply     | `spec.`               | refused, nothing appended |
-| VMI create-for-vm (VM controller)| `spec.`               | refused and logged        |
+| gate (none in the HyperConverged: HCO's jsonpatch) | VMI annotation that needs it    |
+|----------------------------------------------------|---------------------------------|
+| Sidecar                                            | `hooks.kubevirt.io/hookSidecars`|
 
-A VM admitted while its gate was on and whose gate is turned off since gets its VMI
-refused, as KubeVirt's VMI webhook refuses it: the VM stays without a VMI, decided again at
-its next change or the controllers' next resync (control-plane start).
+| command                          | spec fields under     | annotations under         | gate off |
+|----------------------------------|-----------------------|---------------------------|----------|
+| VirtualMachine apply             | `spec.template.spec.` | `spec.template.metadata.` | refused  |
+| VirtualMachineInstance apply     | `spec.`               | `metadata.`               | refused  |
+| VMI create-for-vm (controller)   | `spec.`               | `metadata.`               | + logged |
+
+A refused command appends nothing. A VM admitted while its gate was on and whose gate is
+turned off since gets its VMI refused, as KubeVirt's VMI webhook refuses it: the VM stays
+without a VMI, decided again at its next change or the controllers' next resync
+(control-plane start).
 
 The first use found is reported (table order), like every other admission rule here.
 """
@@ -34,17 +39,24 @@ from controlplane.hco_commands import effective_kubevirt_configuration
 from events.errors import InvalidSpec
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from controlplane.handling import Decision
     from events.api.validation import VMISpecLike
 
 VM_SPEC_PATH: Final = "spec.template.spec"
 VMI_SPEC_PATH: Final = "spec"
+VM_METADATA_PATH: Final = "spec.template.metadata"
+VMI_METADATA_PATH: Final = "metadata"
 
 DOWNWARD_METRICS: Final = MAPPED_FEATURE_GATES["downward_metrics"]
 PERSISTENT_RESERVATION: Final = MAPPED_FEATURE_GATES["persistent_reservation"]
 HOST_DEVICES: Final = "HostDevices"
 """One of HCO's `MANDATORY_FEATURE_GATES`: off only where no HyperConverged configures
 KubeVirt."""
+SIDECAR: Final = "Sidecar"
+HOOK_SIDECARS_ANNOTATION: Final = "hooks.kubevirt.io/hookSidecars"
+"""Sidecar containers that rewrite the domain before it starts (KubeVirt's hook sidecars)."""
 
 
 def _downward_metrics_device(spec: VMISpecLike) -> Iterator[str]:
@@ -78,6 +90,10 @@ GATED_FIELDS: Final[tuple[tuple[str, Callable[[VMISpecLike], Iterator[str]]], ..
 """Gate -> the fields (relative to the VMI spec) of a spec that use what it gates."""
 
 
+GATED_ANNOTATIONS: Final = ((SIDECAR, HOOK_SIDECARS_ANNOTATION),)
+"""Gate -> the VMI annotation whose non-empty value uses what it gates."""
+
+
 def check_feature_gates(spec: VMISpecLike, enabled: frozenset[str], path: str) -> None:
     """Refuse `spec` if it uses a gated feature whose gate is not in `enabled` (pure)."""
     for gate, uses in GATED_FIELDS:
@@ -87,12 +103,25 @@ def check_feature_gates(spec: VMISpecLike, enabled: frozenset[str], path: str) -
             raise InvalidSpec(f"{path}.{field}", f"the {gate} feature gate is not enabled")
 
 
+def check_annotation_gates(annotations: Mapping[str, str], enabled: frozenset[str],
+                           path: str) -> None:
+    """Refuse VMI `annotations` (at `path`) that ask for a gated feature whose gate is off."""
+    for gate, annotation in GATED_ANNOTATIONS:
+        if annotations.get(annotation) and gate not in enabled:
+            raise InvalidSpec(f"{path}.annotations.{annotation}",
+                              f"the {gate} feature gate is not enabled")
+
+
 def enabled_feature_gates(d: Decision) -> frozenset[str]:
     """The gates of the effective KubeVirt CR, on the decision's fresh state."""
     developer = effective_kubevirt_configuration(d).get("developerConfiguration", {})
     return frozenset(developer.get("featureGates", []))
 
 
-def admit_by_feature_gates(d: Decision, spec: VMISpecLike, path: str) -> None:
-    """KubeVirt's gate checks at admission, against the cluster configuration of now."""
-    check_feature_gates(spec, enabled_feature_gates(d), path)
+def admit_by_feature_gates(d: Decision, spec: VMISpecLike, path: str,
+                           annotations: Mapping[str, str], metadata_path: str) -> None:
+    """KubeVirt's gate checks at admission, against the cluster configuration of now: the
+    spec's fields first, then the VMI's annotations."""
+    enabled = enabled_feature_gates(d)
+    check_feature_gates(spec, enabled, path)
+    check_annotation_gates(annotations, enabled, metadata_path)

@@ -35,7 +35,7 @@ from controlplane.defaults import (
     CRASH_LOOP_BACKOFF_MAX_DELAY_SECONDS,
     CRASH_LOOP_BACKOFF_MIN_INTERVAL_SECONDS,
 )
-from controlplane.feature_gates import VM_SPEC_PATH, admit_by_feature_gates
+from controlplane.feature_gates import VM_METADATA_PATH, VM_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
 from controlplane.instancetype.revisions import admitted_vm, delete_revisions
 from events.api.vm import VirtualMachine
@@ -76,7 +76,9 @@ def current_vmi(d: Decision) -> VirtualMachineInstanceView | None:
 @handles(KIND, "apply")
 def apply(d: Decision) -> None:
     submitted = d.submitted(VirtualMachine)
-    admit_by_feature_gates(d, submitted.spec.template.spec, VM_SPEC_PATH)
+    template = submitted.spec.template
+    admit_by_feature_gates(d, template.spec, VM_SPEC_PATH, template.metadata.annotations,
+                           VM_METADATA_PATH)
     meta = submitted.metadata
     vm = d.load(aggregate_id(VM_KIND, meta.namespace, meta.name), VirtualMachineView)
     new = admitted_vm(d, submitted, vm.state)

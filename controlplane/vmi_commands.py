@@ -10,7 +10,7 @@ import msgspec
 import structlog
 
 from controlplane.aggregate import Aggregate
-from controlplane.feature_gates import VMI_SPEC_PATH, admit_by_feature_gates
+from controlplane.feature_gates import VMI_METADATA_PATH, VMI_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
 from controlplane.hco_commands import with_cluster_cpu_model, with_cpu_model
 from controlplane.instancetype.revisions import expand_for_start
@@ -84,7 +84,8 @@ def existing_vmi(d: Decision) -> Aggregate[VirtualMachineInstanceView]:
 @handles(KIND, "apply")
 def apply(d: Decision) -> None:
     new = d.submitted(VirtualMachineInstance)
-    admit_by_feature_gates(d, new.spec, VMI_SPEC_PATH)
+    admit_by_feature_gates(d, new.spec, VMI_SPEC_PATH, new.metadata.annotations,
+                           VMI_METADATA_PATH)
     vmi = d.load(aggregate_id(VMI_KIND, new.metadata.namespace, new.metadata.name),
                  VirtualMachineInstanceView)
     if vmi.exists:
@@ -110,7 +111,8 @@ def create_for_vm(d: Decision) -> None:
     expanded = expand_for_start(d, vm.id)
     spec = expanded.spec if expanded is not None else template.spec
     try:
-        admit_by_feature_gates(d, spec, VMI_SPEC_PATH)
+        admit_by_feature_gates(d, spec, VMI_SPEC_PATH, template.metadata.annotations,
+                               VMI_METADATA_PATH)
     except InvalidSpec as refused:
         # Admitted while the gate was on; KubeVirt's VMI webhook refuses it now, and so here.
         log.warning("VMI of an admitted VM refused: its feature gate has been turned off",

@@ -74,6 +74,7 @@ from nats.js.kv import KeyValue
 from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped, unless_stopped
 from events.api.hco_defaults import KUBEVIRT_MIN_CPU_MODEL
 from events.api.resources import vmi_resources
+from events.api.validation import START_PAUSED
 from events.api.vm import VirtualMachineInstanceSpec
 from events.connect import Access, connect
 from events.errors import InvalidSpec, VirtbusError
@@ -669,9 +670,11 @@ class NodeAgent:
         self.domains[ref.domain] = ref
         if metrics_disks:
             self.metrics_disks[ref.domain] = metrics_disks
-        await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml)
+        dom = await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml,
+                                      paused=spec.start_strategy == START_PAUSED)
+        paused = (await asyncio.to_thread(dom.state))[0] == libvirt.VIR_DOMAIN_PAUSED
         await self._persist()
-        await self.report_domain(ref, GuestPhase.RUNNING, "launched")
+        await self.report_domain(ref, GuestPhase.RUNNING, "launched", paused=paused)
 
     async def report_launch_failed(self, ref: VMIRef, error: Exception) -> None:
         await self.report_domain(ref, GuestPhase.FAILED, f"launch failed: {error}")
@@ -693,6 +696,7 @@ class NodeAgent:
             with _serving(self.in_progress.get(ref.domain, "")):
                 try:
                     if phase is GuestPhase.RUNNING:
+                        verdict = await asyncio.to_thread(lifecycle.verdict_now, self.conn, obs)
                         await self._persist()
                         await self.report_domain(ref, phase, reason, paused=verdict.paused,
                                                  paused_reason=verdict.paused_reason)

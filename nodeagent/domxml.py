@@ -19,6 +19,7 @@ from events.api.vm import VirtualMachineInstanceSpec
 from events.errors import InvalidSpec
 from nodeagent.converter import ConverterContext, convert
 from nodeagent.converter import defaults as converter_defaults
+from nodeagent.converter.context import memfd_from_annotations
 from nodeagent.converter.unavailable import NotOnThisNode
 
 if TYPE_CHECKING:
@@ -30,6 +31,11 @@ T = TypeVar("T")
 
 SPEC_PATHS = {"VirtualMachineInstance": ("spec",), "VirtualMachine": ("spec", "template", "spec")}
 """Where each kind keeps the VMI spec."""
+VMI_METADATA_PATHS = {
+    "VirtualMachineInstance": ("metadata",),
+    "VirtualMachine": ("spec", "template", "metadata"),
+}
+"""Where each kind keeps the VMI's metadata (annotations the converter reads)."""
 _MSGSPEC_PATH = re.compile(r"^(?P<rule>.*) - at `\$(?P<where>.*)`$")
 
 
@@ -48,6 +54,14 @@ def _mapping(value: object, path: str) -> dict[str, object]:
     if not isinstance(value, dict):
         raise InvalidSpec(path, "must be an object")
     return value
+
+
+def _walk(doc: Mapping[str, object], keys: tuple[str, ...]) -> dict[str, object]:
+    """The object at `keys` under doc ({} where absent); a non-object on the way is refused."""
+    found: object = doc
+    for depth, key in enumerate(keys):
+        found = _mapping(found, ".".join(keys[:depth]) or "manifest").get(key, {})
+    return _mapping(found, ".".join(keys))
 
 
 def render_manifest(
@@ -78,12 +92,9 @@ def parse_manifest(
     name, namespace, uid = (metadata.get(k, "") for k in ("name", "namespace", "uid"))
     if not isinstance(name, str) or not name:
         raise InvalidSpec("metadata.name", "must be set")
-    keys = SPEC_PATHS[kind]
-    spec: object = doc
-    for depth, key in enumerate(keys):
-        spec = _mapping(spec, ".".join(keys[:depth]) or "manifest").get(key, {})
-    path = ".".join(keys)
-    vmi_spec = _decode(_mapping(spec, path), VirtualMachineInstanceSpec, path)
+    path = ".".join(SPEC_PATHS[kind])
+    vmi_spec = _decode(_walk(doc, SPEC_PATHS[kind]), VirtualMachineInstanceSpec, path)
+    annotations = _walk(doc, (*VMI_METADATA_PATHS[kind], "annotations"))
     validate_vmi_spec(vmi_spec, path)
     ctx = ConverterContext(
         name=name,
@@ -92,6 +103,7 @@ def parse_manifest(
         domain_type=domain_type,
         default_cpu_model=default_cpu_model,
         disk_dir=disk_dir,
+        memfd=memfd_from_annotations(annotations),
     )
     return vmi_spec, ctx
 

@@ -16,12 +16,13 @@ import libvirt
 import structlog
 
 from events.errors import Conflict, InvalidSpec, NotFound, VirtbusError
-from nodeagent.phases import StopCause
-from nodeagent.virterror import is_no_domain, is_unsupported
+from nodeagent.phases import GuestPhase, StopCause, judge
+from nodeagent.virterror import is_no_domain, is_unsupported, is_unsupported_flags
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from nodeagent.phases import Observation, Verdict
     from nodeagent.watcher import LifecycleWatcher
 
 log = structlog.get_logger(__name__)
@@ -42,8 +43,10 @@ class SimulationRefused(VirtbusError):
     """Guest simulations exist only on libvirt's test driver; a real guest is never faked."""
 
 
-def define_and_start(conn: libvirt.virConnect, xml: str) -> libvirt.virDomain:
-    """Define the domain and start it, unless a domain of that name already runs.
+def define_and_start(conn: libvirt.virConnect, xml: str, *,
+                     paused: bool = False) -> libvirt.virDomain:
+    """Define the domain and start it, unless a domain of that name already runs; `paused`
+    starts its vCPUs suspended (KubeVirt's `startStrategy: Paused`).
 
     A running domain is left alone even if `xml` differs: an agent restart must never
     launch a guest twice. The same name with another uuid is a different VMI: refused.
@@ -61,12 +64,27 @@ def define_and_start(conn: libvirt.virConnect, xml: str) -> libvirt.virDomain:
         return existing
     dom = conn.defineXML(xml)
     try:
-        dom.create()
+        _create(dom, paused=paused)
     except libvirt.libvirtError:
         if not dom.isActive():
             raise
-    log.info("domain started", domain=name, uuid=dom.UUIDString())
+    log.info("domain started", domain=name, uuid=dom.UUIDString(), paused=paused)
     return dom
+
+
+def _create(dom: libvirt.virDomain, *, paused: bool) -> None:
+    if not paused:
+        dom.create()
+        return
+    try:
+        dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+    except libvirt.libvirtError as err:
+        if not is_unsupported_flags(err):
+            raise
+        # libvirt's test driver cannot start paused; its guests run no code, so a guest
+        # suspended straight after its start is the same guest.
+        dom.create()
+        dom.suspend()
 
 
 def graceful_stop(
@@ -212,6 +230,22 @@ def _simulate(
         watcher.forget(name)
         raise
     log.info("simulated", domain=name, cause=cause)
+
+
+def verdict_now(conn: libvirt.virConnect, obs: Observation) -> Verdict:
+    """What an event that leaves the guest running means by the time it is reported: the
+    guest's pause state now, since later events may have changed it (a guest started paused
+    is STARTED, then SUSPENDED, and its STARTED must not report it unpaused). The event's
+    own verdict when the domain is gone, stopped, or cannot be asked."""
+    try:
+        dom = _lookup(conn, obs.name)
+        if dom is None:
+            return obs.verdict
+        state, reason = dom.state()
+    except libvirt.libvirtError:
+        return obs.verdict
+    now = judge(state, reason, obs.cause)
+    return now if now.phase is GuestPhase.RUNNING else obs.verdict
 
 
 def _lookup(conn: libvirt.virConnect, name: str) -> libvirt.virDomain | None:

@@ -10,6 +10,11 @@ def is_unsupported(err: libvirt.libvirtError) -> bool:
     return bool(err.get_error_code() == libvirt.VIR_ERR_NO_SUPPORT)
 
 
+def is_unsupported_flags(err: libvirt.libvirtError) -> bool:
+    """The driver has the API but refuses these flags (the test driver starts nothing paused)."""
+    return bool(err.get_error_code() == libvirt.VIR_ERR_INVALID_ARG)
+
+
 def is_no_domain(err: libvirt.libvirtError) -> bool:
     """The domain is gone, which stop paths treat as already done."""
     return bool(err.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN)

@@ -13,7 +13,8 @@ Unschedulable message counts for it:
 | NodeAffinity      | a nodeSelector label missing: the VMI's, HCO       | didn't match Pod's|
 |                   | workloads', the CPU's (`cpu-model.node.kubevirt.io | node affinity/    |
 |                   | /<model>`, `cpu-feature.node.kubevirt.io/<f>` for  | selector          |
-|                   | require / force / no policy); a `forbid` feature's |                   |
+|                   | require / force / no policy; `vmx` with evmcs); a  |                   |
+|                   | `forbid` feature's                                 |                   |
 |                   | label present; `host-model` without a host-model   |                   |
 |                   | label; no model on an obsolete host CPU; a group   |                   |
 |                   | of required terms (VMI's, workloads') unmet        |                   |

@@ -34,6 +34,7 @@ from events.api.scheduling import (
     WeightedPodAffinityTerm,
 )
 from events.api.vm import VirtualMachineInstanceSpec
+from events.api.vmi_defaults import cpu_features
 from projections.views import NodeView, VirtualMachineInstanceView
 
 CPU_MODEL_HOST_MODEL = "host-model"
@@ -159,19 +160,19 @@ def _placement_affinity(placement: NodePlacement | None) -> Affinity | None:
 def _cpu_demands(spec: VirtualMachineInstanceSpec) -> tuple[dict[str, str], tuple[str, ...],
                                                               str]:
     """Labels KubeVirt's node selector renderer requires and forbids for the VMI's CPU,
-    and its model."""
-    cpu = spec.domain.cpu
-    if cpu is None:
-        return {}, (), ""
+    and its model; the features are the defaulted ones (evmcs adds `vmx`)."""
+    cpu, hypervisor = spec.domain.cpu, spec.domain.features
+    features = cpu_features(cpu, hypervisor.hyperv if hypervisor is not None else None)
+    model = cpu.model if cpu is not None else ""
     required: dict[str, str] = {}
-    if cpu.model and cpu.model not in (CPU_MODEL_HOST_MODEL, CPU_MODEL_HOST_PASSTHROUGH):
-        required[CPU_MODEL_LABEL + cpu.model] = "true"
-    for feature in cpu.features:
+    if model and model not in (CPU_MODEL_HOST_MODEL, CPU_MODEL_HOST_PASSTHROUGH):
+        required[CPU_MODEL_LABEL + model] = "true"
+    for feature in features:
         if feature.policy in FEATURE_POLICIES_NEEDING_LABEL:
             required[CPU_FEATURE_LABEL + feature.name] = "true"
-    forbidden = tuple(CPU_FEATURE_LABEL + f.name for f in cpu.features
+    forbidden = tuple(CPU_FEATURE_LABEL + f.name for f in features
                       if f.policy == FEATURE_POLICY_FORBID)
-    return required, forbidden, cpu.model
+    return required, forbidden, model
 
 
 def demand_of(vmi: VirtualMachineInstanceView, spec: VirtualMachineInstanceSpec,

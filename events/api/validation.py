@@ -6,13 +6,15 @@ so a person can find it in the manifest they wrote. Checks stop at the first bro
 
 from __future__ import annotations
 
+import fnmatch
 import ipaddress
 import posixpath
 import re
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
-from events.api.resources import quantity
+from events.api.resources import cpu_topology, quantity
+from events.api.vmi_defaults import DISK_BUS
 from events.errors import InvalidSpec
 from events.subjects import DNS1123_LABEL
 
@@ -36,6 +38,11 @@ if TYPE_CHECKING:
     )
     from events.api.vm import PodDNSConfig
 
+EMULATED_MACHINES = ("q35*", "pc-q35*")
+"""KubeVirt's default amd64 `emulatedMachines` (the HyperConverged leaves them unset): the
+machine types a VMI may ask for, as shell patterns. q35 only: KubeVirt supports no i440fx."""
+START_PAUSED = "Paused"
+"""The one `startStrategy` KubeVirt knows: the guest is created paused."""
 CPU_FEATURE_POLICIES = ("force", "require", "optional", "disable", "forbid")
 INPUT_TYPES = ("tablet",)
 INPUT_BUSES = ("virtio", "usb")
@@ -121,6 +128,13 @@ class VMISpecLike(Protocol):
     def dns_config(self) -> PodDNSConfig | None: ...
 
 
+    @property
+    def start_strategy(self) -> str: ...
+
+    @property
+    def liveness_probe(self) -> dict[str, Any] | None: ...
+
+
 def validate_vmi_spec(spec: VMISpecLike, path: str = "spec") -> None:
     """Refuse a spec KubeVirt would refuse; `path` prefixes every reported field."""
     grace = spec.termination_grace_period_seconds
@@ -129,12 +143,16 @@ def validate_vmi_spec(spec: VMISpecLike, path: str = "spec") -> None:
         f"{path}.terminationGracePeriodSeconds",
         "must not be negative",
     )
+    _validate_start_strategy(spec, path)
     domain, at = spec.domain, f"{path}.domain"
     _validate_resources(domain, at)
     _validate_memory(domain, at)
+    if domain.machine is not None and domain.machine.type:
+        _validate_machine_type(domain.machine.type, f"{at}.machine.type")
     if domain.cpu is not None:
         _validate_cpu(domain.cpu, f"{at}.cpu")
         _validate_numa(domain, at)
+        _validate_max_sockets(domain, f"{at}.cpu")
     if domain.firmware is not None:
         _validate_firmware(domain.firmware, domain.features, f"{at}.firmware")
     if domain.clock is not None:
@@ -149,6 +167,37 @@ def validate_vmi_spec(spec: VMISpecLike, path: str = "spec") -> None:
     _validate_networks(spec.networks, f"{path}.networks")
     _validate_ports(domain.devices.interfaces, spec.networks, f"{at}.devices.interfaces")
     _validate_dns(spec.dns_policy, spec.dns_config, path)
+
+
+def _validate_start_strategy(spec: VMISpecLike, path: str) -> None:
+    field = f"{path}.startStrategy"
+    if spec.start_strategy:
+        _one_of(spec.start_strategy, (START_PAUSED,), field)
+        _require(
+            spec.liveness_probe is None,
+            field,
+            f"a paused start cannot be combined with {path}.livenessProbe",
+        )
+
+
+def _validate_machine_type(machine_type: str, field: str) -> None:
+    _require(
+        any(fnmatch.fnmatchcase(machine_type, pattern) for pattern in EMULATED_MACHINES),
+        field,
+        f"must match one of the emulated machines {', '.join(EMULATED_MACHINES)}; "
+        f"got {machine_type!r}",
+    )
+
+
+def _validate_max_sockets(domain: DomainSpec, at: str) -> None:
+    """Hot-plug adds sockets up to maxSockets: the sockets the VMI starts with must fit."""
+    max_sockets = domain.cpu.max_sockets if domain.cpu is not None else 0
+    sockets = cpu_topology(domain).sockets
+    _require(
+        not max_sockets or sockets <= max_sockets,
+        f"{at}.sockets",
+        f"must not be greater than {at}.maxSockets ({sockets} > {max_sockets})",
+    )
 
 
 def _require(ok: bool, field: str, rule: str) -> None:
@@ -485,9 +534,10 @@ def _validate_volumes(devices: Devices, volumes: list[Volume], path: str) -> Non
         )
         _validate_object_references(volume, field)
         _require(
-            volume.name in disk_names,
+            volume.name in disk_names or volume.downward_metrics is None,
             f"{field}.name",
-            f"must be used by a disk in {path}.domain.devices.disks",
+            f"a DownwardMetrics volume must be used by a disk on the virtio bus in "
+            f"{path}.domain.devices.disks (a volume without a disk gets one on {DISK_BUS})",
         )
         if volume.empty_disk is not None:
             _parsed(volume.empty_disk.capacity, f"{field}.emptyDisk.capacity")
@@ -589,9 +639,10 @@ def _validate_disk_volume(disk: Disk, volume: Volume, field: str) -> None:
         f"{field}.disk",
         "DownwardMetrics volume must be used with a disk, not a cdrom or lun",
     )
-    bus = disk.disk.bus if disk.disk is not None else ""
+    bus = disk.disk.bus if disk.disk is not None and disk.disk.bus else DISK_BUS
     _require(
-        bus in ("", "virtio"),
+        bus == "virtio",
         f"{field}.disk.bus",
-        f"DownwardMetrics volume must be on the virtio bus, not {bus!r}",
+        f"DownwardMetrics volume must be on the virtio bus, not {bus!r} "
+        f"(a disk without a bus is on {DISK_BUS})",
     )

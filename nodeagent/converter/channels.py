@@ -1,4 +1,8 @@
-"""`<channel>`: the downward metrics virtio-serial port, when the spec asks for it.
+"""`<channel>`s: virtio-serial ports between guest and host.
+
+Every VMI gets the QEMU guest agent's port, `org.qemu.guest_agent.0`, as in KubeVirt
+(`newGuestAgentChannel`): a unix socket whose path libvirt chooses, through which the agent
+in the guest answers libvirt (guest info, fs freeze, graceful shutdown).
 
 `spec.domain.devices.downwardMetrics: {}` gives the guest a port named
 `org.github.vhostmd.1` on which vhostmd's virtio transport answers `GET /metrics/XML`;
@@ -22,9 +26,12 @@ if TYPE_CHECKING:
 
 
 def configure_channels(spec: VMISpecLike, ctx: ConverterContext, domain: Element) -> None:
+    devices = child(domain, "devices")
+    guest_agent = sub(devices, "channel", type="unix")
+    sub(guest_agent, "target", type="virtio", name=defaults.GUEST_AGENT_CHANNEL)
     if spec.domain.devices.downward_metrics is None:
         return
-    channel = sub(child(domain, "devices"), "channel", type="unix")
+    channel = sub(devices, "channel", type="unix")
     socket = os.path.join(ctx.socket_path, defaults.DOWNWARD_METRICS_SOCKET)
     sub(channel, "source", mode="bind", path=socket)
     sub(channel, "target", type="virtio", name=defaults.DOWNWARD_METRICS_CHANNEL)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
 from nodeagent.converter import defaults
 from nodeagent.hostpaths import vmi_path
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 DomainType = Literal["kvm", "qemu", "test"]
 
@@ -21,7 +24,8 @@ def domain_name(namespace: str, name: str) -> str:
 class ConverterContext(msgspec.Struct, frozen=True, kw_only=True):
     """Per-launch inputs that the VMI spec does not carry.
 
-    `default_cpu_model` is the HyperConverged `defaultCPUModel` ("" when unset).
+    `default_cpu_model` is the HyperConverged `defaultCPUModel` ("" when unset). `memfd` is
+    false when the VMI's `kubevirt.io/memfd` annotation is "false" (`memfd_from_annotations`).
     """
 
     name: str
@@ -32,6 +36,7 @@ class ConverterContext(msgspec.Struct, frozen=True, kw_only=True):
     disk_dir: str = defaults.DISK_DIR
     run_dir: str = defaults.RUN_DIR
     ovmf_dir: str = defaults.OVMF_DIR
+    memfd: bool = True
 
     @property
     def domain_name(self) -> str:
@@ -52,6 +57,11 @@ class ConverterContext(msgspec.Struct, frozen=True, kw_only=True):
         """This VMI's directory of VNC and serial console sockets (`HostPathError` if its
         names would put it anywhere else)."""
         return vmi_path(self.run_dir, self.namespace, self.name)
+
+
+def memfd_from_annotations(annotations: Mapping[str, object]) -> bool:
+    """KubeVirt backs hugepages with memfd unless the VMI's annotation says "false"."""
+    return annotations.get(defaults.MEMFD_ANNOTATION) != "false"
 
 
 def hypervisor_domain_type(uri: str, kvm_device: str = "/dev/kvm") -> DomainType:

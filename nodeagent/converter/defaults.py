@@ -21,13 +21,18 @@ VIDEO_MODEL: Final = "vga"
 VIDEO_VRAM_KIB: Final = 16 * 1024
 """The default video device is VGA with 16 MiB of memory (seed)."""
 
-DISK_BUS: Final = "virtio"
-CDROM_BUS: Final = "sata"
 LUN_BUS: Final = LUN_BUSES[0]
 """A lun needs a SCSI controller, the one bus validation lets a lun name (scsi); KubeVirt's
-amd64 default for an unset bus is sata, as for any disk."""
+amd64 default for an unset bus is sata, as for any disk (`events.api.vmi_defaults.DISK_BUS`)."""
 INPUT_BUS: Final = "usb"
 """An input device without a bus goes on USB (seed)."""
+USB_CONTROLLER_MODEL: Final = "qemu-xhci"
+"""The USB controller KubeVirt gives a VMI with a USB device (else `model='none'`)."""
+
+MEMFD_ANNOTATION: Final = "kubevirt.io/memfd"
+"""KubeVirt's VMI annotation that, set to "false", keeps hugepages off memfd."""
+BOOT_MENU_TIMEOUT_MS: Final = 10000
+"""`startStrategy: Paused` shows the boot menu this long, time to reach the firmware."""
 
 RNG_BACKEND: Final = "/dev/urandom"
 
@@ -39,6 +44,8 @@ WATCHDOG_ACTION: Final = "reset"
 PR_HELPER_SOCKET: Final = "/var/run/kubevirt/daemons/pr/pr-helper.sock"
 """KubeVirt's qemu-pr-helper socket for `lun.reservation` (reservation.GetPrHelperSocketPath);
 a host offering reservations runs qemu-pr-helper listening there."""
+GUEST_AGENT_CHANNEL: Final = "org.qemu.guest_agent.0"
+"""The virtio-serial port name qemu-guest-agent opens in the guest."""
 DOWNWARD_METRICS_CHANNEL: Final = "org.github.vhostmd.1"
 """The virtio-serial port name vhostmd clients open in the guest
 (`/dev/virtio-ports/org.github.vhostmd.1`; KubeVirt's DownwardMetricsSerialDeviceName)."""

@@ -1,5 +1,8 @@
 """`<disk>` devices: each `spec.domain.devices.disks[]` entry backed by its volume.
 
+A volume that no disk names gets a plain disk of its name after the others, and a disk or
+cdrom without a bus goes on sata, as KubeVirt defaults them (`events.api.vmi_defaults`).
+
 Every volume becomes a file the agent prepares in the VMI's disk directory
 (`ConverterContext.disk_file`, which refuses a path that would lie anywhere else);
 `volume_source` is the one place that names it:
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from events.api.vmi_defaults import DISK_BUS, vmi_disks
 from nodeagent.converter import defaults
 from nodeagent.converter.xmltree import child, sub
 
@@ -84,16 +88,16 @@ def device_name(prefix: str, index: int) -> str:
 
 def disk_bus(disk: Disk) -> str:
     if disk.cdrom is not None:
-        return disk.cdrom.bus or defaults.CDROM_BUS
+        return disk.cdrom.bus or DISK_BUS
     if disk.lun is not None:
         return disk.lun.bus or defaults.LUN_BUS
-    return disk.disk.bus if disk.disk is not None and disk.disk.bus else defaults.DISK_BUS
+    return disk.disk.bus if disk.disk is not None and disk.disk.bus else DISK_BUS
 
 
 def configure_disks(spec: VMISpecLike, ctx: ConverterContext, domain: Element) -> None:
     volumes = {volume.name: volume for volume in spec.volumes}
     used: dict[str, int] = {}
-    for disk in spec.domain.devices.disks:
+    for disk in vmi_disks(spec.domain.devices, spec.volumes):
         bus = disk_bus(disk)
         prefix = "vd" if bus == "virtio" else "sd"
         target = device_name(prefix, used.get(prefix, 0))

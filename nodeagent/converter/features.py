@@ -1,7 +1,8 @@
 """`<features>`: ACPI, APIC, SMM, KVM and Hyper-V enlightenments.
 
-Written only when `spec.domain.features` is present (then ACPI is on unless disabled,
-as in KubeVirt). Hyper-V names map one to one except `synictimer` -> `<stimer>` and
+Always written, as KubeVirt always gives a VMI `features: {}`: ACPI is on unless
+`acpi.enabled: false` (a guest without ACPI cannot be asked to shut down) and VMware's I/O
+port is off (amd64). Hyper-V names map one to one except `synictimer` -> `<stimer>` and
 `vendorid` -> `<vendor_id>`; `tlbflush` carries its `direct` / `extended` variants as
 children. `hypervPassthrough` (only without `hyperv`) is `<hyperv mode='passthrough'/>`.
 A Hyper-V feature whose prerequisite is absent gets the
@@ -13,11 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from events.api.domain import Features
 from events.api.validation import HYPERV_REQUIRES
+from events.api.vmi_defaults import spinlock_retries
 from nodeagent.converter.xmltree import on_off, sub
 
 if TYPE_CHECKING:
-    from events.api.domain import FeatureHyperv, Features, FeatureState
+    from events.api.domain import FeatureHyperv, FeatureState
     from events.api.validation import VMISpecLike
     from nodeagent.converter.context import ConverterContext
     from nodeagent.converter.xmltree import Element
@@ -39,9 +42,7 @@ HYPERV_SIMPLE = (
 
 
 def configure_features(spec: VMISpecLike, ctx: ConverterContext, domain: Element) -> None:
-    source = spec.domain.features
-    if source is None:
-        return
+    source = spec.domain.features or Features()
     features = sub(domain, "features")
     if _enabled(source.acpi):
         sub(features, "acpi")
@@ -99,8 +100,9 @@ def _configure_hyperv(hyperv: FeatureHyperv, element: Element) -> None:
                 sub(flush_element, variant, state=on_off(wanted.enabled, default=True))
     if hyperv.spinlocks is not None:
         spinlocks = sub(element, "spinlocks", state=on_off(states["spinlocks"], default=True))
-        if hyperv.spinlocks.spinlocks is not None:
-            spinlocks.set("retries", str(hyperv.spinlocks.spinlocks))
+        retries = spinlock_retries(hyperv)
+        if retries is not None:
+            spinlocks.set("retries", str(retries))
     if hyperv.synictimer is not None:
         stimer = sub(element, "stimer", state=on_off(states["synictimer"], default=True))
         if hyperv.synictimer.direct is not None:

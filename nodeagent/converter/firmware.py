@@ -9,6 +9,9 @@
 The seed says `efi: {}` is plain UEFI ("SecureBoot is not yet supported"), so an
 absent `secureBoot` means off, unlike today's KubeVirt webhook which defaults it on.
 Secure boot needs SMM, which validation requires the spec to enable.
+
+`startStrategy: Paused` also turns the firmware's boot menu on for 10 s (KubeVirt's
+`configureBootMenu`), so whoever unpauses the guest has time to reach it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from events.api.validation import START_PAUSED
 from nodeagent.converter import defaults
 from nodeagent.converter.xmltree import child, sub, yes_no
 
@@ -36,6 +40,11 @@ def configure_firmware(spec: VMISpecLike, ctx: ConverterContext, domain: Element
         _configure_efi(loader.efi, ctx, os_element)
     if loader.bios is not None and loader.bios.use_serial:
         sub(os_element, "bios", useserial="yes")
+
+
+def configure_boot_menu(spec: VMISpecLike, ctx: ConverterContext, domain: Element) -> None:
+    if spec.start_strategy == START_PAUSED:
+        sub(child(domain, "os"), "bootmenu", enable="yes", timeout=defaults.BOOT_MENU_TIMEOUT_MS)
 
 
 def _configure_efi(efi: EFI, ctx: ConverterContext, os_element: Element) -> None:

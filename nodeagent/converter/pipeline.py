@@ -13,7 +13,7 @@ from nodeagent.converter.controllers import configure_controllers
 from nodeagent.converter.cpu import configure_cpu
 from nodeagent.converter.disks import configure_disks
 from nodeagent.converter.features import configure_features
-from nodeagent.converter.firmware import configure_firmware
+from nodeagent.converter.firmware import configure_boot_menu, configure_firmware
 from nodeagent.converter.graphics import configure_graphics
 from nodeagent.converter.identity import configure_identity
 from nodeagent.converter.inputs import configure_inputs
@@ -45,6 +45,7 @@ CONFIGURATORS: tuple[Configurator, ...] = (
     configure_cpu,
     configure_machine,
     configure_firmware,
+    configure_boot_menu,
     configure_kernel_boot,
     configure_sysinfo,
     configure_features,

@@ -15,6 +15,7 @@ DOMAIN_ORDER = (
     "memoryBacking",
     "vcpu",
     "iothreads",
+    "vcpus",
     "sysinfo",
     "os",
     "features",

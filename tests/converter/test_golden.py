@@ -78,5 +78,14 @@ def test_libvirt_accepts_golden_xml(
     root = ET.fromstring(xml)
     _state, max_memory_kib, _memory, vcpus, _cpu_time = domain.info()
     assert domain.name() == root.findtext("name")
-    assert vcpus == int(root.findtext("vcpu", ""))
+    assert domain.vcpusFlags(libvirt.VIR_DOMAIN_VCPU_MAXIMUM) == int(root.findtext("vcpu", ""))
+    assert vcpus == _vcpus_at_boot(root)
     assert max_memory_kib == int(root.findtext("memory", "")) // 1024
+
+
+def _vcpus_at_boot(root: ET.Element) -> int:
+    """`<vcpu>`, or with CPU hot-plug the `<vcpus>` entries enabled at boot."""
+    hotplug = root.find("vcpus")
+    if hotplug is None:
+        return int(root.findtext("vcpu", ""))
+    return sum(vcpu.get("enabled") == "yes" for vcpu in hotplug)

@@ -246,10 +246,10 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "must match the name of a volume",
     ),
     (
-        "volume-without-disk",
-        disks(),
+        "downward-metrics-volume-without-disk",
+        disks() | METRICS_ROOT,
         "spec.volumes[0].name",
-        "must be used by a disk",
+        "a DownwardMetrics volume must be used by a disk on the virtio bus",
     ),
     (
         "volume-two-sources",
@@ -323,13 +323,20 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     (
         "downward-metrics-and-another-source",
-        {
+        disks({"name": "root", "disk": {"bus": "virtio"}})
+        | {
             "spec.volumes": [
                 {"name": "root", "downwardMetrics": {}, "emptyDisk": {"capacity": "1Gi"}}
             ]
         },
         "spec.volumes[0]",
         "exactly one volume source",
+    ),
+    (
+        "downward-metrics-without-bus",
+        disks({"name": "root", "disk": {}}) | METRICS_ROOT,
+        f"{DOMAIN}.devices.disks[0].disk.bus",
+        "not 'sata' (a disk without a bus is on sata)",
     ),
     (
         "disk-bus",
@@ -413,6 +420,38 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.networks[1].name",
         "used twice",
     ),
+    # machine type, start strategy, CPU hot-plug (KubeVirt's VMI admission)
+    (
+        "machine-type-i440fx",
+        {f"{DOMAIN}.machine.type": "pc-i440fx-2.10"},
+        f"{DOMAIN}.machine.type",
+        "must match one of the emulated machines q35*, pc-q35*; got 'pc-i440fx-2.10'",
+    ),
+    ("machine-type-pc", {f"{DOMAIN}.machine.type": "pc"}, f"{DOMAIN}.machine.type", "got 'pc'"),
+    (
+        "start-strategy",
+        {"spec.startStrategy": "Running"},
+        "spec.startStrategy",
+        "must be one of Paused; got 'Running'",
+    ),
+    (
+        "start-paused-with-liveness-probe",
+        {"spec.startStrategy": "Paused", "spec.livenessProbe": {"tcpSocket": {"port": 22}}},
+        "spec.startStrategy",
+        "a paused start cannot be combined with spec.livenessProbe",
+    ),
+    (
+        "sockets-above-max-sockets",
+        {f"{DOMAIN}.cpu.sockets": 4, f"{DOMAIN}.cpu.maxSockets": 2},
+        f"{DOMAIN}.cpu.sockets",
+        "must not be greater than spec.domain.cpu.maxSockets (4 > 2)",
+    ),
+    (
+        "sockets-from-cpu-request-above-max-sockets",
+        {f"{DOMAIN}.cpu.maxSockets": 2, f"{REQUESTS}.cpu": 3},
+        f"{DOMAIN}.cpu.sockets",
+        "(3 > 2)",
+    ),
     # decoding and the manifest envelope
     ("unknown-field", {f"{DOMAIN}.cpu.corez": 2}, f"{DOMAIN}.cpu", "unknown field `corez`"),
     ("wrong-type", {f"{DOMAIN}.cpu.cores": "two"}, f"{DOMAIN}.cpu.cores", "Expected `int`"),
@@ -466,7 +505,10 @@ def test_lun_and_downward_metrics_are_admitted() -> None:
     """The shapes the new rules refuse elsewhere, written correctly: a lun on a claim (bus
     defaulted to scsi) and a downwardMetrics volume on a plain disk."""
     doc = patched(
-        disks({"name": "root", "lun": {"reservation": True}}, {"name": "metrics"})
+        disks(
+            {"name": "root", "lun": {"reservation": True}},
+            {"name": "metrics", "disk": {"bus": "virtio"}},
+        )
         | {
             "spec.volumes": [
                 {"name": "root", "dataVolume": {"name": "dv"}},
@@ -479,6 +521,12 @@ def test_lun_and_downward_metrics_are_admitted() -> None:
     assert '<disk type="block" device="lun">' in xml
     assert '<target dev="sda" bus="scsi" />' in xml
     assert 'name="org.github.vhostmd.1"' in xml
+
+
+@pytest.mark.parametrize("machine_type", ["q35", "pc-q35-2.10", "pc-q35-rhel9.4.0"])
+def test_q35_machine_types_are_admitted(machine_type: str) -> None:
+    xml = render_manifest(patched({f"{DOMAIN}.machine.type": machine_type}))
+    assert f'machine="{machine_type}"' in xml
 
 
 def test_names_at_their_limits_are_admitted() -> None:

@@ -140,7 +140,8 @@ async def test_a_stop_during_start_up_does_not_wait_for_the_read_service(
 
 
 METRICS_SPEC: dict[str, Any] = {
-    "domain": {**SPEC["domain"], "devices": {"disks": [{"name": "metrics", "disk": {}}]}},
+    "domain": {**SPEC["domain"],
+               "devices": {"disks": [{"name": "metrics", "disk": {"bus": "virtio"}}]}},
     "volumes": [{"name": "metrics", "downwardMetrics": {}}]}
 
 

@@ -187,7 +187,8 @@ def test_a_checksummed_body_that_is_not_xml_is_refused(tmp_path: Path) -> None:
 def test_the_disk_is_the_file_the_converter_attaches(tmp_path: Path) -> None:
     vmi = {"kind": "VirtualMachineInstance", "metadata": {"name": "vm1", "namespace": "ns"},
            "spec": {"domain": {"resources": {"requests": {"memory": "64Mi"}},
-                               "devices": {"disks": [{"name": "metrics", "disk": {}}]}},
+                               "devices": {"disks": [{"name": "metrics",
+                                                      "disk": {"bus": "virtio"}}]}},
                     "volumes": [{"name": "metrics", "downwardMetrics": {}}]}}
     spec, ctx = parse_manifest(vmi, domain_type="test", disk_dir=str(tmp_path))
     domain = ET.fromstring(convert(spec, ctx))

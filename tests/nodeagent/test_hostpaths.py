@@ -79,7 +79,9 @@ def unadmitted(volume_name: str, source: dict[str, Any]) -> VirtualMachineInstan
 
 
 def spec_with(volume_name: str, source: dict[str, Any]) -> dict[str, Any]:
-    return {"domain": {**SPEC["domain"], "devices": {"disks": [{"name": volume_name}]}},
+    """A disk on virtio, the one bus a downwardMetrics volume may use."""
+    disk = {"name": volume_name, "disk": {"bus": "virtio"}}
+    return {"domain": {**SPEC["domain"], "devices": {"disks": [disk]}},
             "volumes": [{"name": volume_name, **source}]}
 
 

@@ -22,6 +22,7 @@ from nodeagent.lifecycle import (
     simulate_guest_io_error,
     simulate_guest_shutdown,
     unpause,
+    verdict_now,
 )
 from nodeagent.phases import GuestPhase, StopCause
 from nodeagent.watcher import LifecycleWatcher, to_asyncio
@@ -247,3 +248,30 @@ async def test_observations_reach_asyncio(
             pass
         assert observation.event in {libvirt.VIR_DOMAIN_EVENT_DEFINED, STARTED}
         graceful_stop(conn, name, 0, watcher)
+
+
+def test_a_paused_start_leaves_the_vcpus_suspended(
+    conn: libvirt.virConnect, watcher: LifecycleWatcher, domain_xml: Callable[..., str]
+) -> None:
+    """startStrategy: Paused (the test driver cannot start paused: suspended at once)."""
+    dom = define_and_start(conn, domain_xml(), paused=True)
+    try:
+        assert dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED
+        unpause(conn, dom.name())
+        assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+    finally:
+        graceful_stop(conn, dom.name(), 0, watcher)
+
+
+def test_a_started_event_reports_a_guest_started_paused_as_paused(
+    conn: libvirt.virConnect, watcher: LifecycleWatcher, recorder: Recorder,
+    domain_xml: Callable[..., str],
+) -> None:
+    """The STARTED event of a paused start says running; by the time it is reported the
+    guest is paused, and the report must say so (else the VMI flickers unpaused)."""
+    dom = define_and_start(conn, domain_xml(), paused=True)
+    started = recorder.wait_for(dom.name(), STARTED)
+    assert not started.verdict.paused
+    assert verdict_now(conn, started).paused
+    graceful_stop(conn, dom.name(), 0, watcher)
+    assert verdict_now(conn, started) == started.verdict  # gone: the event's own word

@@ -14,7 +14,12 @@ from structlog.testing import capture_logs
 
 from controlplane.controllers.hco import HCOController
 from controlplane.controllers.vm import VMController
-from controlplane.feature_gates import check_feature_gates
+from controlplane.feature_gates import (
+    HOOK_SIDECARS_ANNOTATION,
+    SIDECAR,
+    check_annotation_gates,
+    check_feature_gates,
+)
 from events.api import hco_defaults as d
 from events.api.vm import VirtualMachineInstanceSpec
 from events.codec import Event, decode
@@ -57,7 +62,7 @@ def spec_using(feature: str) -> dict[str, Any]:
         case "downward-metrics-device":
             devices["downwardMetrics"] = {}
         case "downward-metrics-volume":
-            disks.append({"name": "metrics", "disk": {}})
+            disks.append({"name": "metrics", "disk": {"bus": "virtio"}})
             volumes.append({"name": "metrics", "downwardMetrics": {}})
         case "lun-reservation":
             disks.append({"name": "shared", "lun": {"reservation": True}})
@@ -83,12 +88,13 @@ def apply(manifest: dict[str, Any]) -> Command:
                    namespace=meta.get("namespace", ""), name=meta["name"], manifest=manifest)
 
 
-def apply_hco(handler: SyncHandler, state: ClusterState,
-              spec: dict[str, Any]) -> dict[str, Any]:
-    """Apply a HyperConverged with `spec` and let the HCO controller write the KubeVirt CR
-    it derives; that CR's `spec.configuration`, as written."""
+def apply_hco(handler: SyncHandler, state: ClusterState, spec: dict[str, Any],
+              annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """Apply a HyperConverged with `spec` (and `annotations`) and let the HCO controller
+    write the KubeVirt CR it derives; that CR's `spec.configuration`, as written."""
     hco = {"apiVersion": d.API_VERSION, "kind": d.KIND,
-           "metadata": {"name": d.DEFAULT_NAME, "namespace": d.DEFAULT_NAMESPACE},
+           "metadata": {"name": d.DEFAULT_NAME, "namespace": d.DEFAULT_NAMESPACE,
+                        "annotations": annotations or {}},
            "spec": spec}
     assert run(handler, state, apply(hco)).outcome.accepted
     for command in HCOController().reconcile(state):
@@ -199,3 +205,45 @@ def test_first_use_in_table_order_is_reported() -> None:
         check_feature_gates(spec, frozenset({"DownwardMetrics"}), "spec")
     assert one.value.field == "spec.domain.devices.disks[1].lun.reservation"
     check_feature_gates(spec, frozenset({"DownwardMetrics", "PersistentReservation"}), "spec")
+
+
+SIDECARS = '[{"args": ["--version", "v1alpha2"], "image": "registry/example-hook-sidecar"}]'
+SIDECAR_JSONPATCH = ('[{"op": "add", "value": "Sidecar",'
+                     ' "path": "/spec/configuration/developerConfiguration/featureGates/-"}]')
+"""HCO has no field for KubeVirt's Sidecar gate: its KubeVirt jsonpatch annotation adds it."""
+
+
+@pytest.mark.parametrize(("kind", "annotations_at"), [
+    ("VirtualMachine", "spec.template.metadata.annotations"),
+    ("VirtualMachineInstance", "metadata.annotations"),
+])
+def test_hook_sidecar_annotation_is_refused_until_the_sidecar_gate_is_on(
+        handler: SyncHandler, kind: str, annotations_at: str) -> None:
+    state = ClusterState()
+    annotations = {HOOK_SIDECARS_ANNOTATION: SIDECARS}
+    if kind == "VirtualMachine":
+        manifest = vm("hooked", spec_using("none"))
+        manifest["spec"]["template"]["metadata"] = {"annotations": annotations}
+    else:
+        manifest = vmi("hooked", spec_using("none"))
+        manifest["metadata"]["annotations"] = annotations
+    gates = apply_hco(handler, state, {})["developerConfiguration"]["featureGates"]
+    assert SIDECAR not in gates
+    before = last_sequence(handler)
+    refused = run(handler, state, apply(manifest)).outcome
+    assert (refused.accepted, refused.field, refused.reason) == (
+        False, f"{annotations_at}.{HOOK_SIDECARS_ANNOTATION}",
+        "the Sidecar feature gate is not enabled")
+    assert appended_since(handler, before) == ["CommandRejected.v1"]
+    patched = apply_hco(handler, state, {}, {d.KUBEVIRT_JSONPATCH_ANNOTATION: SIDECAR_JSONPATCH})
+    assert SIDECAR in patched["developerConfiguration"]["featureGates"]
+    accepted = run(handler, state, apply(manifest)).outcome
+    assert accepted.accepted and accepted.sequences
+
+
+def test_empty_hook_sidecar_annotation_needs_no_gate() -> None:
+    """KubeVirt checks for a non-empty value only."""
+    check_annotation_gates({HOOK_SIDECARS_ANNOTATION: ""}, frozenset(), "metadata")
+    with pytest.raises(InvalidSpec) as refused:
+        check_annotation_gates({HOOK_SIDECARS_ANNOTATION: "[]"}, frozenset(), "metadata")
+    assert refused.value.field == f"metadata.annotations.{HOOK_SIDECARS_ANNOTATION}"

@@ -238,6 +238,19 @@ def test_cpu_model_and_features_need_their_labels(handler: SyncHandler) -> None:
                                     "node affinity/selector.")
 
 
+def test_evmcs_needs_the_vmx_label(handler: SyncHandler) -> None:
+    """KubeVirt's defaulting requires `vmx` of a VMI with Hyper-V evmcs, and so its node."""
+    c = Cluster(handler)
+    c.node("vmx", labels={FEATURE + "vmx": "true"})
+    c.node("plain")
+    for seed in range(3):
+        evmcs = {"domain": {"features": {"hyperv": {"evmcs": {}}},
+                            "resources": {"requests": {"memory": "1Gi"}}}}
+        c.vmi(f"e{seed}", evmcs)
+    c.schedule()
+    assert {c.node_of(f"e{seed}") for seed in range(3)} == {"vmx"}
+
+
 def test_host_model_needs_the_host_model_label(handler: SyncHandler) -> None:
     c = Cluster(handler)
     c.node("labelled", labels={"host-model-cpu.node.kubevirt.io/Skylake": "true"},
