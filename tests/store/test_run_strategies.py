@@ -22,6 +22,7 @@ from events.messages import Command, DomainObservation, node_actor
 from events.subjects import Layout
 from projections.cluster import ClusterState, printable_status, render_vm
 from projections.follower import follow
+from projections.views import MigrationState
 from tests.store.helpers import SyncHandler, register_command, run, run_accepted
 from tests.system.harness import vm_manifest
 
@@ -311,7 +312,9 @@ def test_printable_status_follows_kubevirts_order(cluster: Cluster) -> None:
     assert vmi is not None
     paused, migrating = vmi.copy(), vmi.copy()
     paused.paused_reason = "PausedUserRequested"
-    migrating.migrating = True  # the hook the migration work sets
+    migrating.migration = MigrationState(  # a migration in flight, as its events fold it
+        migration_uid="m", migration_name="m", source_node="n1", target_node="n2",
+        start=datetime.now(UTC))
     vm = cluster.state.vm("default", "web")
     assert vm is not None
     assert printable_status(vm, paused) == "Paused"
