@@ -121,7 +121,9 @@ class ControlLoop:
                 lifecycle.started = now
                 lifecycle.last_seen = dict.fromkeys(lifecycle.last_seen, now)
             else:
-                await self.execute(self.lifecycle.check(self.state))
+                # Transitions first, folded in, so the fails see this round's NotReady.
+                await self.execute(self.lifecycle.transitions(self.state))
+                await self.execute(self.lifecycle.failures(self.state))
             last = time.monotonic()
             await pause_unless_stopped(stop, NODE_MONITOR_PERIOD_SECONDS)
 

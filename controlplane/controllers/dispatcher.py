@@ -10,6 +10,8 @@ copy; past the window, the agent's own idempotence (domains by name) still holds
 | VirtualMachineInstanceScheduled         | launch on that node              |
 | VirtualMachineInstanceDeletionRequested | stop (with grace) where it runs  |
 | VirtualMachineInstanceNodeAction        | pause / unpause / restart        |
+| VirtualMachineInstancePhaseChanged to   | stop (at once) where it ran: the |
+| Failed, NodeUnresponsive                | node destroys it when it is back |
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from events.codec import Event
 from events.messages import NodeCommand
 from events.subjects import Layout
 from events.vm import (
+    NODE_UNRESPONSIVE,
     VirtualMachineInstanceDeletionRequested,
     VirtualMachineInstanceNodeAction,
+    VirtualMachineInstancePhaseChanged,
     VirtualMachineInstanceScheduled,
 )
 from projections.cluster import ClusterState
@@ -107,5 +111,10 @@ class Dispatcher:
                 if not view.node:
                     return None
                 return view.node, action, NodeCommand(verb=action, **common)
+            case VirtualMachineInstancePhaseChanged(reason=reason) if (
+                    reason == NODE_UNRESPONSIVE and view.node):
+                # Failed while its node was silent, and maybe replaced elsewhere: the guest
+                # may still run there, and virt-handler removes the domain of a final VMI.
+                return view.node, "stop", NodeCommand(verb="stop", **common)
             case _:
                 return None

@@ -86,9 +86,18 @@ class System:
         proc.send_signal(sig)
         proc.wait(timeout=20)
 
+    def freeze(self, name: str) -> None:
+        """Stop process `name` where it stands (SIGSTOP): alive, connected, and silent, as a
+        hung or partitioned process is."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+
+    def thaw(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGCONT)
+
     def stop_all(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a frozen one would not take its SIGTERM
                 proc.terminate()
         for proc in self.procs.values():
             try:
