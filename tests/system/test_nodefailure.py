@@ -5,17 +5,20 @@ the control plane died between appending NotReady and failing the VMIs.
 
 Two VMIs sit on the node that fails: a VM's (runStrategy Always, so renewed elsewhere) and
 a standalone one pinned there (failed, not renewed: nothing deletes it, so only the node
-being told that it failed removes its guest)."""
+being told that it failed removes its guest). Nothing is created twice: the log holds two
+instances of the VM's VMI and one of the standalone's."""
 
 from __future__ import annotations
 
 import math
+import uuid
 from typing import Any
 
 from controlplane.client import Client
 from controlplane.controllers.nodelifecycle import NodeLifecycle
 from controlplane.writer import Writer
 from events.api.scheduling import LABEL_HOSTNAME
+from events.messages import Command
 from events.nodes import NODE_KIND
 from events.subjects import aggregate_id
 from events.vm import NODE_UNRESPONSIVE
@@ -29,6 +32,7 @@ from tests.system.harness import (
     node_ready,
     replaced,
     vm_manifest,
+    vmi_absent,
     vmi_phase,
 )
 
@@ -104,14 +108,14 @@ async def test_a_silent_node_fails_over_once_and_destroys_its_stale_guests(
     await node_back_clean(vb, node, renewed)
 
 
-async def not_ready_as_the_controller_decides(vb: Client, node: str) -> None:
+async def not_ready_as_the_controller_decides(writer: Writer, node: str) -> None:
     """Append what the node lifecycle controller appends for `node` once its grace is over,
     decided by its own code: the log a control plane leaves that died right after it."""
-    writer = Writer(vb.nc, vb.layout)
+    log = writer.handler.log
     view = await writer.handler.memory.load(aggregate_id(NODE_KIND, "", node), NodeView)
     state = ClusterState()
     state.views[view.id] = view
-    lifecycle = NodeLifecycle(vb.nc, vb.layout)
+    lifecycle = NodeLifecycle(log.nc, log.layout)
     lifecycle.started = -math.inf  # every node silent since ever
     [command] = lifecycle.transitions(state)
     assert command.verb == "not-ready"
@@ -121,15 +125,24 @@ async def not_ready_as_the_controller_decides(vb: Client, node: str) -> None:
 
 async def test_a_control_plane_dead_between_not_ready_and_the_fails_fails_them_on_restart(
         system: System, vb: Client) -> None:
+    """Also a VMI whose deletion was asked while its node was lost (its VM stopped, or
+    restarted): no node reports it gone, so failing it deletes it."""
     node, other, uid = await two_guests_on_one_node(vb)
+    await vb.apply(pinned_vmi("doomed", node))
+    await eventually(lambda: vmi_phase(vb, "doomed", "Running"), what="doomed Running")
     system.kill("controlplane")
     system.kill(node)
-    await not_ready_as_the_controller_decides(vb, node)
+    writer = Writer(vb.nc, vb.layout)
+    delete = Command(id=str(uuid.uuid4()), actor="user:alice", kind="VirtualMachineInstance",
+                     verb="delete", namespace="default", name="doomed")
+    assert (await writer.execute(delete)).outcome.accepted
+    await not_ready_as_the_controller_decides(writer, node)
     await eventually(lambda: node_ready(vb, node, False), what=f"{node} NotReady")
     assert (await vmi_phase(vb, "solo", "Running")) and (await vmi_phase(vb, "always", "Running"))
 
     system.start("controlplane")
     renewed = await failed_over(vb, node, other, uid)
+    await eventually(lambda: vmi_absent(vb, "doomed"), what="doomed deleted")
 
     # The agent restarted: its host kept in a file, it finds the stale guests and destroys
     # them, however it learns of it first (its start-up reconcile, or the stops queued).
