@@ -27,6 +27,9 @@ from projections.follower import head
 T = TypeVar("T")
 
 WAIT_SECONDS = 30.0
+NODE_GRACE_SECONDS = 3.0
+"""An agent silent this long makes its node NotReady (a test module may set its own
+`NODE_GRACE_SECONDS`, which the `system` fixture takes)."""
 
 
 async def eventually(probe: Callable[[], Awaitable[T | None]], timeout: float = WAIT_SECONDS,
@@ -49,7 +52,7 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], timeout: float = 
 
 class System:
     def __init__(self, nats_url: str, prefix: str, logs: Path, nodes: int = 2,
-                 node_grace: float = 3.0) -> None:
+                 node_grace: float = NODE_GRACE_SECONDS) -> None:
         self.nats_url = nats_url
         self.prefix = prefix
         self.logs = logs

@@ -37,6 +37,9 @@ from tests.system.harness import (
 )
 
 CREATED = "VirtualMachineInstanceCreated"
+NODE_GRACE_SECONDS = 6.0
+"""Three heartbeats: one that a loaded machine delays must not make the node that stays up
+NotReady too (its VMI would be replaced once more)."""
 
 
 def pinned_vmi(name: str, node: str) -> dict[str, Any]:
