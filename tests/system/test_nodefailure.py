@@ -78,7 +78,7 @@ async def failed_over(vb: Client, node: str, other: str, uid: str) -> str:
     await eventually(lambda: failed_unresponsive(vb, "solo"), what="solo failed")
     moved = await eventually(lambda: replaced(vb, "always", uid), what="always replaced")
     assert moved["status"]["nodeName"] == other
-    assert "NodeUnresponsive" in [
+    assert NODE_UNRESPONSIVE in [
         c["value"] for e in await vb.history("VirtualMachineInstance", "default", "always")
         for c in e.changes if c["path"] == "/status/reason" and c["op"] != "remove"]
     assert (await creations(vb, "always"), await creations(vb, "solo")) == (2, 1)
@@ -138,7 +138,9 @@ async def test_a_control_plane_dead_between_not_ready_and_the_fails_fails_them_o
     writer = Writer(vb.nc, vb.layout)
     delete = Command(id=str(uuid.uuid4()), actor="user:alice", kind="VirtualMachineInstance",
                      verb="delete", namespace="default", name="doomed")
-    assert (await writer.execute(delete)).outcome.accepted
+    deleting = await writer.execute(delete)
+    assert [e.TYPE for _, e in deleting.events] == ["VirtualMachineInstanceDeletionRequested"], \
+        "waiting for its node to stop it"
     await not_ready_as_the_controller_decides(writer, node)
     await eventually(lambda: node_ready(vb, node, False), what=f"{node} NotReady")
     assert (await vmi_phase(vb, "solo", "Running")) and (await vmi_phase(vb, "always", "Running"))
