@@ -131,7 +131,9 @@ class ControlLoop:
                 lifecycle.started = now
                 lifecycle.last_seen = dict.fromkeys(lifecycle.last_seen, now)
             else:
-                await self.execute(self.lifecycle.check(self.state))
+                # Transitions first, folded in, so the fails see this round's NotReady.
+                await self.execute(self.lifecycle.transitions(self.state))
+                await self.execute(self.lifecycle.failures(self.state))
                 # Eviction batches are due by the clock, not by an event.
                 await self.execute(self.workload_updater.tick(self.state, datetime.now(UTC)))
             last = time.monotonic()

@@ -160,6 +160,10 @@ def fail(d: Decision) -> None:
     if vmi.state.phase in TERMINAL_PHASES:
         raise Rejected("already finished")
     d.trigger(vmi, VirtualMachineInstancePhaseChanged, phase="Failed", reason=reason)
+    if vmi.state.deletion_requested_at is not None:
+        # Its node, lost, will not report it gone: nothing is left to wait for, and the stop
+        # dispatched with the deletion reaches the node if it comes back.
+        d.trigger(vmi, VirtualMachineInstanceDeleted)
 
 
 @handles(KIND, "delete")

@@ -31,7 +31,9 @@ async def unless_stopped(work: Awaitable[object], stop: asyncio.Event) -> bool:
         ended = task.done()
         if not ended:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # What it meets on its way out (a request that fails as it is cancelled, which
+            # `events.transient` does not retry then) is no failure of work stopped anyway.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
     if ended:
         task.result()  # its own error, if it failed

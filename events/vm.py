@@ -24,6 +24,9 @@ PAUSED_MESSAGES: Final = {
     PAUSED_USER_REQUESTED: "VMI was paused by user",
     PAUSED_IO_ERROR: "VMI was paused, low-level IO error detected",
 }
+NODE_UNRESPONSIVE: Final = "NodeUnresponsive"
+"""The reason of a VMI failed because its node stopped heartbeating (virt-controller's
+NodeUnresponsiveReason): the control plane's verdict, not the node's report."""
 
 Phase = Literal["Pending", "Scheduling", "Scheduled", "Running", "Succeeded", "Failed"]
 StateChange = Literal["Start", "Stop"]

@@ -379,7 +379,14 @@ class NodeAgent:
 
     async def _remove(self, ref: VMIRef, grace_seconds: int = 0) -> lifecycle.StopOutcome:
         """Stop (if it still runs; at once unless given a grace period) and undefine a domain,
-        and forget it."""
+        and forget it. A domain of the name that another instance (uid) of the VMI holds is
+        not this one's: left alone, as this one is gone (a stop of a VMI failed on a lost
+        node may come after its replacement was launched here)."""
+        held = self.domains.get(ref.domain)
+        if held is not None and held.uid != ref.uid:
+            self.log.info("not stopped: the domain is another instance's", vmi=ref.name,
+                          namespace=ref.namespace, uid=ref.uid, holder=held.uid)
+            return lifecycle.StopOutcome.ALREADY_GONE
         outcome = await asyncio.to_thread(lifecycle.graceful_stop, self.conn, ref.domain,
                                           grace_seconds, self.watcher)
         self.ledger.release(ref.uid)

@@ -10,6 +10,8 @@ copy; past the window, the agent's own idempotence (domains by name) still holds
 | VirtualMachineInstanceScheduled         | launch on that node              |
 | VirtualMachineInstanceDeletionRequested | stop (with grace) where it runs  |
 | VirtualMachineInstanceNodeAction        | pause / unpause / restart        |
+| VirtualMachineInstancePhaseChanged to   | stop (at once) where it ran: the |
+| Failed, NodeUnresponsive                | node destroys it when it is back |
 | MigrationTargetScheduled                | migrate-prepare on the target    |
 | MigrationPhaseChanged TargetReady       | migrate on the source            |
 | MigrationAbortRequested (transferring)  | migrate-abort on the source      |
@@ -43,8 +45,10 @@ from events.migration import (
 )
 from events.subjects import Layout
 from events.vm import (
+    NODE_UNRESPONSIVE,
     VirtualMachineInstanceDeletionRequested,
     VirtualMachineInstanceNodeAction,
+    VirtualMachineInstancePhaseChanged,
     VirtualMachineInstanceScheduled,
 )
 from projections.cluster import ClusterState
@@ -120,6 +124,11 @@ class Dispatcher:
                 if not view.node:
                     return []
                 return [(view.node, action, NodeCommand(verb=action, **common))]
+            case VirtualMachineInstancePhaseChanged(reason=reason) if (
+                    reason == NODE_UNRESPONSIVE and view.node):
+                # Failed while its node was silent, and maybe replaced elsewhere: the guest
+                # may still run there, and virt-handler removes the domain of a final VMI.
+                return [(view.node, "stop", NodeCommand(verb="stop", **common))]
             case _:
                 return []
 

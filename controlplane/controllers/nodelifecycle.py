@@ -1,8 +1,19 @@
-"""The node lifecycle controller: heartbeats in, Ready / NotReady transitions out.
+"""The node lifecycle controller: heartbeats in, Ready / NotReady transitions out, and the
+VMIs of a lost node failed.
 
 Heartbeats are KV puts, not events; this controller watches them and appends a transition
-only when a node crosses the grace period. When a node goes NotReady its active VMIs are
-marked Failed (reason NodeUnresponsive), since nothing can vouch for them any more.
+only when a node crosses the grace period. The VMIs of a node that is NotReady and still
+silent are failed (reason NodeUnresponsive), since nothing can vouch for them any more.
+
+Failing them is level-triggered, as virt-controller's node controller re-checks an
+unresponsive node every minute: every round asks for every active VMI of every such node,
+not only on the round that made the node NotReady, so a control plane that died between
+that append and the fails fails them once it runs again. Each fail's id is derived from the
+VMI's version: the same VMI decided on again is the same command, applied once. A round
+fails only what the log already shows on a NotReady node (the loop runs `transitions`
+first and folds them in), so a VMI is never failed while its node still looks Ready to
+the scheduler. One atomic append of the transition with the fails would not make this
+simpler: a VMI placed on the node while it was decided would still need the next round.
 """
 
 from __future__ import annotations
@@ -17,7 +28,8 @@ from nats.js.kv import KeyValue
 from controlplane.controllers import derived_command
 from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS
 from events.messages import Command
-from events.subjects import Layout, decode_token, split_aggregate_id
+from events.subjects import Layout, decode_token
+from events.vm import NODE_UNRESPONSIVE
 from projections.cluster import ClusterState
 
 log = structlog.get_logger(__name__)
@@ -56,21 +68,40 @@ class NodeLifecycle:
         finally:
             await watcher.stop()
 
-    def check(self, state: ClusterState) -> list[Command]:
-        """Transitions due now. A control plane that just started grants every node a grace."""
+    def fresh(self, node: str, now: float) -> bool:
+        """Whether `node` beat within the grace; a control plane that just started grants
+        every node a grace."""
+        return now - self.last_seen.get(node, self.started) < self.grace
+
+    def transitions(self, state: ClusterState) -> list[Command]:
+        """Ready / NotReady transitions due now."""
         now = time.monotonic()
         commands: list[Command] = []
         for node in state.nodes():
-            _, _, name = split_aggregate_id(node.id)
-            seen = self.last_seen.get(name, self.started)
-            fresh = now - seen < self.grace
+            fresh = self.fresh(node.name, now)
             if node.ready and not fresh:
-                commands.append(derived_command(NAME, "Node", "not-ready", "", name, node.version,
+                commands.append(derived_command(NAME, "Node", "not-ready", "", node.name,
+                                                node.version,
                                                 manifest={"reason": "NodeStatusUnknown"}))
-                for vmi in state.vmis_on(name):
-                    commands.append(derived_command(
-                        NAME, "VirtualMachineInstance", "fail", vmi.metadata.namespace,
-                        vmi.metadata.name, vmi.version, manifest={"reason": "NodeUnresponsive"}))
-            elif not node.ready and fresh and name in self.last_seen:
-                commands.append(derived_command(NAME, "Node", "ready", "", name, node.version))
+            elif not node.ready and fresh and node.name in self.last_seen:
+                commands.append(derived_command(NAME, "Node", "ready", "", node.name,
+                                                node.version))
+        return commands
+
+    def failures(self, state: ClusterState) -> list[Command]:
+        """A fail for every active VMI of every node that is NotReady and still silent,
+        each round until it is failed (see above)."""
+        now = time.monotonic()
+        commands: list[Command] = []
+        for node in state.nodes():
+            if node.ready or self.fresh(node.name, now):
+                continue
+            for vmi in state.vmis_on(node.name):
+                meta = vmi.metadata
+                log.info("failing a VMI of an unresponsive node", node=node.name,
+                         vmi=meta.name, namespace=meta.namespace, uid=vmi.uid)
+                commands.append(derived_command(
+                    NAME, "VirtualMachineInstance", "fail", meta.namespace, meta.name,
+                    vmi.version, manifest={"reason": NODE_UNRESPONSIVE},
+                    correlation_id=node.correlation_id))
         return commands

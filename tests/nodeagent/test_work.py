@@ -115,6 +115,25 @@ async def test_a_finished_vmi_is_not_launched_again(
         await second.close()
 
 
+async def test_a_stop_of_a_gone_instance_leaves_its_successor_running(
+        cluster: Cluster, nats_url: str) -> None:
+    """A stop for a VMI failed while its node was lost comes after its successor (same name,
+    another uid) was launched here: the successor's domain is not the stopped one's."""
+    heir = await cluster.placed("heir")
+    gone = VMIRef(heir.namespace, heir.name, str(uuid.uuid4()))
+    running = await start(cluster, nats_url)
+    try:
+        await worked_through(cluster, running, await publish(cluster, cluster.launch(heir)))
+        await worked_through(cluster, running,
+                             await publish(cluster, node_command(gone, "stop")))
+        assert owned(running.agent, cluster.namespace) == [heir.uid]
+        await worked_through(cluster, running,
+                             await publish(cluster, node_command(heir, "stop")))
+        assert owned(running.agent, cluster.namespace) == []
+    finally:
+        await running.close()
+
+
 def boot_reason(conn: libvirt.virConnect, ref: VMIRef) -> int:
     state, reason = conn.lookupByName(ref.domain).state()
     assert state == libvirt.VIR_DOMAIN_RUNNING

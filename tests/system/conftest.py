@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.client import Client
-from tests.system.harness import System, eventually, ready_nodes
+from tests.system.harness import NODE_GRACE_SECONDS, System, eventually, ready_nodes
 
 
 async def hco_settled(vb: Client) -> bool:
@@ -22,8 +22,10 @@ async def hco_settled(vb: Client) -> bool:
 
 
 @pytest.fixture
-def system(nats_url: str, prefix: str, tmp_path: Path) -> Iterator[System]:
-    sys_ = System(nats_url, prefix, tmp_path)
+def system(request: pytest.FixtureRequest, nats_url: str, prefix: str,
+           tmp_path: Path) -> Iterator[System]:
+    grace = getattr(request.module, "NODE_GRACE_SECONDS", NODE_GRACE_SECONDS)
+    sys_ = System(nats_url, prefix, tmp_path, node_grace=grace)
     try:
         sys_.start_all()
         yield sys_

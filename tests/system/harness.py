@@ -27,6 +27,9 @@ from projections.follower import head
 T = TypeVar("T")
 
 WAIT_SECONDS = 30.0
+NODE_GRACE_SECONDS = 3.0
+"""An agent silent this long makes its node NotReady (a test module may set its own
+`NODE_GRACE_SECONDS`, which the `system` fixture takes)."""
 
 
 async def eventually(probe: Callable[[], Awaitable[T | None]], timeout: float = WAIT_SECONDS,
@@ -49,7 +52,7 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], timeout: float = 
 
 class System:
     def __init__(self, nats_url: str, prefix: str, logs: Path, nodes: int = 2,
-                 node_grace: float = 3.0) -> None:
+                 node_grace: float = NODE_GRACE_SECONDS) -> None:
         self.nats_url = nats_url
         self.prefix = prefix
         self.logs = logs
@@ -86,9 +89,18 @@ class System:
         proc.send_signal(sig)
         proc.wait(timeout=20)
 
+    def freeze(self, name: str) -> None:
+        """Stop process `name` where it stands (SIGSTOP): alive, connected, and silent, as a
+        hung or partitioned process is."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+
+    def thaw(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGCONT)
+
     def stop_all(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a frozen one would not take its SIGTERM
                 proc.terminate()
         for proc in self.procs.values():
             try:
