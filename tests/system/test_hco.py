@@ -9,8 +9,10 @@ import pytest
 
 from controlplane.client import Client, CommandRejected
 from events.api import hco_defaults as d
-from projections.hco import ALERTS_QUERY, METRICS_QUERY, metrics
+from events.query import Query
+from projections.hco import ALERTS_QUERY, METRICS_QUERY
 from projections.hco_metrics import OUT_OF_BAND_MODIFICATIONS, UNSAFE_MODIFICATIONS
+from projections.service import render
 from tests.system.harness import (
     System,
     condition,
@@ -104,7 +106,7 @@ async def test_out_of_band_change_is_reverted_counted_alerted_and_survives_resta
     assert again[0]["text"] == text
     assert await vb.query(ALERTS_QUERY, after=head) == alerts
     rebuilt = await vb.state_at(head)
-    assert metrics(rebuilt).exposition().decode() == text
+    assert render(rebuilt, Query(kind=METRICS_QUERY))[0]["text"] == text
 
 
 async def test_cluster_configuration_sections(vb: Client) -> None:

@@ -159,15 +159,16 @@ async def vb3(three_nodes: System) -> AsyncIterator[Client]:
         await client.close()
 
 
+@pytest.mark.timeout(300)  # three agents, six VMs and their migrations on a 2-core machine
 async def test_a_drain_holds_the_limits_at_every_moment(three_nodes: System,
                                                         vb3: Client) -> None:
     vb = vb3
     await migration_config(vb, parallelMigrationsPerCluster=3,
                            parallelOutboundMigrationsPerNode=2)
     assert (await vb.act("Node", "cordon", "", "node-3")).accepted
-    names = [f"vm{i}" for i in range(8)]
+    names = [f"vm{i}" for i in range(6)]
     for name in names:
-        await vb.apply(vm(name, dirty_rate="90M", evictionStrategy="LiveMigrate"))
+        await vb.apply(vm(name, dirty_rate="60M", evictionStrategy="LiveMigrate"))
     for name in names:
         await running_on(vb, name)
     assert (await vb.act("Node", "uncordon", "", "node-3")).accepted
