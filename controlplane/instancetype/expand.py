@@ -30,9 +30,7 @@ from events.errors import InvalidSpec
 
 CONFLICT_RULE: Final = "VM field(s) {} conflicts with selected instance type"
 """KubeVirt's message (`conflict.conflictsErrorFmt`)."""
-NOT_CARRIED: Final = {"gpus": "gpus", "hostDevices": "host_devices",
-                      "ioThreadsPolicy": "io_threads_policy", "ioThreads": "io_threads",
-                      "launchSecurity": "launch_security"}
+NOT_CARRIED: Final = {"launchSecurity": "launch_security"}
 """Instancetype fields a VMI of virtbus has no field for yet (JSON name -> attribute): an
 instancetype that sets one is refused rather than silently run without it."""
 UNAPPLIED_DEVICE_PREFERENCES: Final = (
@@ -43,8 +41,12 @@ UNAPPLIED_DEVICE_PREFERENCES: Final = (
 """Device preferences for fields a virtbus VMI has no place for yet: a preference is only a
 preference, so they are not refused, but said (`unapplied_preferences`) rather than dropped
 unseen. (`preferredSoundModel` applies only to a sound device, which virtbus never has.)"""
-NOT_CARRIED_CPU: Final = ("numa", "realtime")
-NOT_CARRIED_MEMORY: Final = ("maxGuest",)
+NOT_CARRIED_CPU: Final = ("realtime",)
+CARRIED_DEVICES: Final = ("gpus", "hostDevices")
+"""Instancetype device lists the VMI takes whole (KubeVirt's `applyGPUs`,
+`applyHostDevices`): a VM that lists its own conflicts."""
+CARRIED_DOMAIN: Final = ("ioThreadsPolicy", "ioThreads")
+"""Instancetype fields that become the domain's own (`applyIOThreadPolicy`, ...)."""
 INTERFACE_BINDINGS: Final = ("masquerade", "bridge")
 """An interface's binding methods: with none set, a preferred masquerade applies."""
 PERCENT: Final = 100
@@ -107,9 +109,7 @@ def not_carried(instancetype: VirtualMachineInstancetypeSpec) -> list[str]:
     """The instancetype's fields a virtbus VMI cannot hold yet."""
     fields = [name for name, attr in NOT_CARRIED.items() if getattr(instancetype, attr)]
     cpu = msgspec.to_builtins(instancetype.cpu)
-    memory = msgspec.to_builtins(instancetype.memory)
     fields += [f"cpu.{name}" for name in NOT_CARRIED_CPU if name in cpu]
-    fields += [f"memory.{name}" for name in NOT_CARRIED_MEMORY if name in memory]
     return fields
 
 
@@ -141,6 +141,7 @@ def _apply_instancetype(it: VirtualMachineInstancetypeSpec,
             vmi["schedulerName"] = it.scheduler_name
     conflicts += _apply_cpu(it, pref, vmi, path)
     conflicts += _apply_memory(it, vmi, path)
+    conflicts += _apply_domain_fields(it, vmi, path)
     for key, value in it.annotations.items():
         if key not in annotations:
             annotations[key] = value
@@ -160,11 +161,12 @@ def _apply_cpu(it: VirtualMachineInstancetypeSpec, pref: VirtualMachinePreferenc
     conflicts += [f"{at}.cpu.{name}" for name in ("sockets", "cores", "threads") if cpu.get(name)]
     wanted = msgspec.to_builtins(it.cpu)
     conflicts += [f"{at}.cpu.{name}" for name in ("model", "dedicatedCPUPlacement",
-                                                 "isolateEmulatorThread")
+                                                 "isolateEmulatorThread", "numa")
                   if cpu.get(_domain_cpu_key(name)) and name in wanted]
     if conflicts:
         return conflicts
-    for name in ("model", "dedicatedCPUPlacement", "isolateEmulatorThread", "maxSockets"):
+    for name in ("model", "dedicatedCPUPlacement", "isolateEmulatorThread", "maxSockets",
+                 "numa"):
         if name in wanted:
             cpu[_domain_cpu_key(name)] = wanted[name]
     cpu.update(_topology(it.cpu.guest, pref))
@@ -223,6 +225,31 @@ def _apply_memory(it: VirtualMachineInstancetypeSpec, vmi: dict[str, Any],
         requests["memory"] = _quantity_like(int(_float32(guest * share)), it.memory.guest)
     if it.memory.hugepages is not None:
         memory["hugepages"] = msgspec.to_builtins(it.memory.hugepages)
+    max_guest = msgspec.to_builtins(it.memory).get("maxGuest")
+    if max_guest is not None:
+        memory["maxGuest"] = max_guest
+    return []
+
+
+def _apply_domain_fields(it: VirtualMachineInstancetypeSpec, vmi: dict[str, Any],
+                         path: str) -> list[str]:
+    """GPUs, host devices and IO threads: the instancetype's, where the VM sets none."""
+    wanted = msgspec.to_builtins(it)
+    domain = vmi["domain"]
+    devices = domain.setdefault("devices", {})
+    at = f"{path}.domain"
+    conflicts = [f"{at}.devices.{name}" for name in CARRIED_DEVICES
+                 if wanted.get(name) and devices.get(name)]
+    conflicts += [f"{at}.{name}" for name in CARRIED_DOMAIN
+                  if wanted.get(name) is not None and domain.get(name) is not None]
+    if conflicts:
+        return conflicts
+    for name in CARRIED_DEVICES:
+        if wanted.get(name):
+            devices[name] = wanted[name]
+    for name in CARRIED_DOMAIN:
+        if wanted.get(name) is not None:
+            domain[name] = wanted[name]
     return []
 
 

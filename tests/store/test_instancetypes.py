@@ -478,3 +478,23 @@ def test_preferences_no_vmi_can_hold_are_said_not_dropped_unseen(handler: SyncHa
         ("fancy", ["devices.preferredTPM", "devices.preferredVideoType"])]
     disks = vmi_spec(state, "fancy")["domain"]["devices"]["disks"]
     assert [d["disk"]["bus"] for d in disks] == ["sata", "virtio"]
+
+
+def test_devices_io_threads_and_max_guest_come_from_the_instancetype(
+        handler: SyncHandler) -> None:
+    state = ClusterState()
+    gpu = {"name": "gpu0", "deviceName": "nvidia.com/A10"}
+    manifest = instancetype("gn1.xlarge", 2, "4Gi")
+    manifest["spec"] |= {"gpus": [gpu], "ioThreadsPolicy": "auto"}
+    manifest["spec"]["memory"]["maxGuest"] = "8Gi"
+    run_accepted(handler, state, apply(manifest))
+    matcher = {"name": "gn1.xlarge", "kind": "VirtualMachineInstancetype"}
+    run_accepted(handler, state, apply(vm("gpu", instancetype=matcher)))
+    assert "create-for-vm" in reconcile(handler, state, "gpu")
+    domain = vmi_spec(state, "gpu")["domain"]
+    assert (domain["devices"]["gpus"], domain["ioThreadsPolicy"],
+            domain["memory"]["maxGuest"]) == ([gpu], "auto", "8Gi")
+    own = vm("own", {"devices": {"disks": DISKS, "gpus": [gpu]}}, instancetype=matcher)
+    refused = run(handler, state, apply(own)).outcome
+    assert refused.reason == ("VM field(s) spec.template.spec.domain.devices.gpus conflicts "
+                              "with selected instance type")
