@@ -171,14 +171,14 @@ async def _progress(vb: Client, node: str) -> list[DrainProgress]:
     return [p async for p in vb.drain_progress(node)]
 
 
-@pytest.mark.timeout(300)  # three agents, six VMs and their migrations on a 2-core machine
+@pytest.mark.timeout(300)  # three agents, four VMs and their migrations on a 2-core machine
 async def test_a_drain_holds_the_limits_at_every_moment(three_nodes: System,
                                                         vb3: Client) -> None:
     vb = vb3
     await migration_config(vb, parallelMigrationsPerCluster=3,
                            parallelOutboundMigrationsPerNode=2)
     assert (await vb.act("Node", "cordon", "", "node-3")).accepted
-    names = [f"vm{i}" for i in range(6)]
+    names = [f"vm{i}" for i in range(4)]  # two a node: four could move at once, three may
     for name in names:
         await vb.apply(vm(name, dirty_rate="60M", evictionStrategy="LiveMigrate"))
     for name in names:
