@@ -21,7 +21,8 @@ counting, so one replacement is created and the failed VMI deleted.
 
 Level-triggered on each replica set and each of its VMIs, and on presets and the KubeVirt
 configuration (a refused replica may be accepted now). Command ids name the replica set's
-version, the newest sequence of any of its VMIs, and the slot: the same state decided twice
+version, the newest sequence of any of its VMIs, of its namespace's presets and the KubeVirt
+configuration's version (what a creation reads), and the slot: the same state decided twice
 gives the same commands, hence (the VMI's name derived from the id) the same VMI; the
 handlers count again on the log, so a stale decision never makes more VMIs than asked.
 """
@@ -44,7 +45,8 @@ from events.replicaset import REPLICA_SET_KIND
 from events.subjects import split_aggregate_id
 from events.vm import VMI_KIND
 from projections.cluster import STARTING_PHASES, ClusterState
-from projections.replicaset import ReplicaSetView
+from projections.hco import operand
+from projections.replicaset import PresetView, ReplicaSetView
 from projections.views import VirtualMachineInstanceView
 
 NAME = "replicaset"
@@ -103,12 +105,19 @@ class ReplicaSetController:
         owned = [v for v in state.views.values() if isinstance(v, VirtualMachineInstanceView)
                  and v.replica_set == name and v.metadata.namespace == namespace]
         seen = max((v.last_sequence for v in owned), default=0)
+        # A creation also reads the presets and the KubeVirt configuration: a refusal under
+        # them is final for that command only.
+        presets = max((v.last_sequence for v in state.views.values()
+                       if isinstance(v, PresetView) and v.metadata.namespace == namespace),
+                      default=0)
+        configuration = operand(state, "KubeVirt")
+        kubevirt = configuration.version if configuration is not None else 0
 
         def command(verb: str, *key: object, target: str = "",
                     manifest: dict[str, object] | None = None) -> Command:
             kind = "VirtualMachineInstance" if target else REPLICA_SET
             return derived_command(NAME, kind, verb, namespace, target or name, rs.version,
-                                   seen, *key, manifest=manifest,
+                                   seen, presets, kubevirt, *key, manifest=manifest,
                                    correlation_id=rs.correlation_id)
 
         if rs.paused:
