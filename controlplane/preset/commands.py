@@ -155,17 +155,22 @@ def merge(preset: DomainSpec, vmi: DomainSpec) -> tuple[DomainSpec, bool]:
     return vmi, applied
 
 
-def fill(d: Decision, meta: ObjectMeta, spec: VirtualMachineInstanceSpec) -> Filled:
-    """What the presets of the VMI's namespace that select its labels make of it (see the
-    table above). Reading every preset guards the decision: a preset applied meanwhile
-    makes it decide again."""
+def presets_in(d: Decision, namespace: str) -> list[PresetView]:
+    """The presets of `namespace`, in name order. Reading every preset guards the decision:
+    a preset applied meanwhile makes it decide again."""
+    return sorted((p.state for p in d.all_existing(PRESET_KIND, PresetView)
+                   if p.state.metadata.namespace == namespace),
+                  key=lambda p: p.metadata.name)
+
+
+def fill(presets: list[PresetView], meta: ObjectMeta,
+         spec: VirtualMachineInstanceSpec) -> Filled:
+    """What those of `presets` that select the VMI's labels make of it (see the table
+    above)."""
     annotations = dict(meta.annotations)
     if annotations.get(EXCLUDE_ANNOTATION) == "true":
         return Filled(annotations, spec, [])
-    matching = sorted((p.state for p in d.all_existing(PRESET_KIND, PresetView)
-                       if p.state.metadata.namespace == meta.namespace
-                       and selector_matches(p.state.spec.selector, meta.labels)),
-                      key=lambda p: p.metadata.name)
+    matching = [p for p in presets if selector_matches(p.spec.selector, meta.labels)]
     _refuse_conflicting(matching)
     domain, found = spec.domain, []
     for preset in matching:

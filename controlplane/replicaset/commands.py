@@ -17,6 +17,7 @@ import msgspec
 from controlplane.aggregate import Aggregate
 from controlplane.feature_gates import VM_METADATA_PATH, VM_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
+from controlplane.preset.commands import presets_in
 from controlplane.vmi_commands import create, request_deletion
 from events.api.base import ObjectMeta
 from events.api.manifest import check_dns1123_label
@@ -126,7 +127,8 @@ def create_replica(d: Decision) -> None:
     try:
         admit_by_feature_gates(d, template.spec, VM_SPEC_PATH, template.metadata.annotations,
                                VM_METADATA_PATH)
-        create(d, vmi, meta, template.spec, replica_set=state.metadata.name)
+        create(d, vmi, meta, template.spec, presets_in(d, d.command.namespace),
+               replica_set=state.metadata.name)
     except (InvalidSpec, Rejected) as refused:
         message = str(refused)
         if state.failure is None or state.failure.message != message:
