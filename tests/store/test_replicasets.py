@@ -5,6 +5,7 @@ node failure replaced once, `paused` stopping it, and the status KubeVirt shows.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -12,10 +13,12 @@ import msgspec
 
 from controlplane.replicaset.controller import ReplicaSetController
 from events.messages import Command, DomainObservation, node_actor
+from events.policy import Request, command_request
 from events.query import Query
 from events.subjects import Layout
 from events.vm import NODE_UNRESPONSIVE
 from projections.cluster import ClusterState
+from projections.http import respond
 from projections.service import render
 from projections.views import VirtualMachineInstanceView
 from tests.store.helpers import SyncHandler, replayed, run, run_accepted
@@ -251,3 +254,14 @@ def test_bad_input_names_the_field_and_changes_nothing(
         outcome = run(handler, c.state, user("scale", **body)).outcome
         assert (outcome.accepted, outcome.field) == (False, "spec.replicas")
     assert c.state.replica_set("default", "web").spec.wanted == 1  # type: ignore[union-attr]
+
+
+def test_read_over_http_and_scaled_under_the_roles_that_patch_it(
+        handler: SyncHandler, prefix: str) -> None:
+    c = cluster(handler, prefix)
+    c.run(apply(replica_set(1)))
+    status, _, body = respond(c.state, render, "/apis/kubevirt.io/v1/namespaces/default/"
+                                               "virtualmachineinstancereplicasets/web")
+    assert status == 200 and json.loads(body)["kind"] == RS
+    assert command_request(RS, "scale", "default") == Request(
+        "patch", "kubevirt.io", "virtualmachineinstancereplicasets", "default")
