@@ -156,10 +156,9 @@ def merge(preset: DomainSpec, vmi: DomainSpec) -> tuple[DomainSpec, bool]:
 
 
 def presets_in(d: Decision, namespace: str) -> list[PresetView]:
-    """The presets of `namespace`, in name order. Reading every preset guards the decision:
-    a preset applied meanwhile makes it decide again."""
-    return sorted((p.state for p in d.all_existing(PRESET_KIND, PresetView)
-                   if p.state.metadata.namespace == namespace),
+    """The presets of `namespace`, in name order. Reading them guards the decision: a preset
+    of the namespace applied meanwhile makes it decide again."""
+    return sorted((p.state for p in d.all_existing(PRESET_KIND, PresetView, namespace)),
                   key=lambda p: p.metadata.name)
 
 

@@ -56,11 +56,11 @@ def existing_replica_set(d: Decision) -> Aggregate[ReplicaSetView]:
 def active_replicas(d: Decision,
                     rs: ReplicaSetView) -> list[Aggregate[VirtualMachineInstanceView]]:
     """The replica set's VMIs that count (not final, not being deleted), as the log has them
-    now; the decision is guarded against any VMI changing meanwhile."""
+    now; the decision is guarded against any VMI of its namespace changing meanwhile."""
     namespace, name = rs.metadata.namespace, rs.metadata.name
-    return [vmi for vmi in d.all_existing(VMI_KIND, VirtualMachineInstanceView)
-            if vmi.state.replica_set == name and vmi.state.metadata.namespace == namespace
-            and not vmi.state.final and vmi.state.deletion_requested_at is None]
+    return [vmi for vmi in d.all_existing(VMI_KIND, VirtualMachineInstanceView, namespace)
+            if vmi.state.replica_set == name and not vmi.state.final
+            and vmi.state.deletion_requested_at is None]
 
 
 @handles(REPLICA_SET, "apply")
