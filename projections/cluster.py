@@ -123,6 +123,14 @@ class ClusterState:
     def presets(self) -> Iterator[PresetView]:
         return self._all(PresetView)
 
+    def presets_seen(self, namespace: str) -> int:
+        """The newest sequence of any preset of `namespace`, deleted ones too: what creating
+        a VMI there reads, so a controller's creation decided again after a preset changed
+        is a new command."""
+        return max((v.last_sequence for v in self.views.values()
+                    if isinstance(v, PresetView) and v.metadata.namespace == namespace),
+                   default=0)
+
     def replicas(self, namespace: str, name: str) -> list[VirtualMachineInstanceView]:
         """The replica set's active VMIs (KubeVirt's `filterActiveVMIs`: not final, not being
         deleted), which it counts as `status.replicas`."""

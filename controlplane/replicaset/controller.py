@@ -46,7 +46,7 @@ from events.subjects import split_aggregate_id
 from events.vm import VMI_KIND
 from projections.cluster import STARTING_PHASES, ClusterState
 from projections.hco import operand
-from projections.replicaset import PresetView, ReplicaSetView
+from projections.replicaset import ReplicaSetView
 from projections.views import VirtualMachineInstanceView
 
 NAME = "replicaset"
@@ -107,9 +107,7 @@ class ReplicaSetController:
         seen = max((v.last_sequence for v in owned), default=0)
         # A creation also reads the presets and the KubeVirt configuration: a refusal under
         # them is final for that command only.
-        presets = max((v.last_sequence for v in state.views.values()
-                       if isinstance(v, PresetView) and v.metadata.namespace == namespace),
-                      default=0)
+        presets = state.presets_seen(namespace)
         configuration = operand(state, "KubeVirt")
         kubevirt = configuration.version if configuration is not None else 0
 

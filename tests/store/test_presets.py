@@ -126,6 +126,28 @@ def test_a_vms_vmi_takes_the_presets(handler: SyncHandler) -> None:
     assert obj["metadata"]["annotations"][APPLIED + "small"] == "kubevirt.io/v1"
 
 
+def test_a_vm_refused_for_its_presets_starts_once_they_agree(handler: SyncHandler) -> None:
+    state = ClusterState()
+    run_accepted(handler, state, apply(preset("a", {"cpu": {"cores": 2}})))
+    run_accepted(handler, state, apply(preset("b", {"cpu": {"cores": 3}})))
+    manifest = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                "metadata": {"name": "vm1", "namespace": "default"},
+                "spec": {"runStrategy": "Always", "template": {
+                    "metadata": {"labels": {"kubevirt.io/size": "small"}},
+                    "spec": {"domain": {"resources": {"requests": {"memory": "64Mi"}}}}}}}
+    run_accepted(handler, state, apply(manifest))
+    [create] = VMController().reconcile(state, "default", "vm1")
+    assert not run(handler, state, create).outcome.accepted
+    assert state.vmi("default", "vm1") is None
+    run_accepted(handler, state, Command(
+        id=str(uuid.uuid4()), actor="user:erin", kind="VirtualMachineInstancePreset",
+        verb="delete", namespace="default", name="b"))
+    [again] = VMController().reconcile(state, "default", "vm1")
+    assert again.id != create.id
+    run_accepted(handler, state, again)
+    assert shown(state, "vm1")["spec"]["domain"]["cpu"] == {"cores": 2}
+
+
 def test_a_refused_replica_is_the_replica_sets_failure_until_one_is_created(
         handler: SyncHandler, prefix: str) -> None:
     c = ReplicaCluster(handler, prefix)
