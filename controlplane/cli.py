@@ -26,6 +26,7 @@ from controlplane.context import resolve
 from controlplane.defaults import TEST_DRIVER_URI
 from controlplane.node_commands import TaintKey
 from events.api.manifest import parse_documents
+from events.api.replicaset import DEFAULT_REPLICAS, PRESET, REPLICA_SET
 from events.api.scheduling import TAINT_EFFECTS, Taint
 from events.connect import (
     NATS_FAILURES,
@@ -87,7 +88,11 @@ def _row(kind: str, obj: dict[str, Any]) -> list[str]:
             done = f"{100 * progress.get('dataProcessedBytes', 0) // total}%" if total else ""
             return [meta["name"], status.get("phase", ""), obj["spec"].get("vmiName", ""),
                     state.get("sourceNode", ""), state.get("targetNode", ""), done, age]
-        case kind if kind in HCO_KINDS or kind in INSTANCETYPE_KINDS:
+        case "VirtualMachineInstanceReplicaSet":
+            desired = obj["spec"].get("replicas", DEFAULT_REPLICAS)
+            return [meta["name"], str(desired), str(status.get("replicas", 0)),
+                    str(status.get("readyReplicas", 0)), age]
+        case kind if kind in HCO_KINDS or kind in INSTANCETYPE_KINDS or kind == PRESET:
             return [meta["name"], age]
         case _:
             ready = status.get("conditions", [{}])[0].get("status") == "True"
@@ -101,7 +106,8 @@ HEADERS = {
     "Node": ["NAME", "STATUS", "AGE"],
     "VirtualMachineInstanceMigration": ["NAME", "PHASE", "VMI", "SOURCE", "TARGET", "PROGRESS",
                                         "AGE"],
-    **{kind: ["NAME", "AGE"] for kind in (*HCO_KINDS, *INSTANCETYPE_KINDS)},
+    "VirtualMachineInstanceReplicaSet": ["NAME", "DESIRED", "CURRENT", "READY", "AGE"],
+    **{kind: ["NAME", "AGE"] for kind in (*HCO_KINDS, *INSTANCETYPE_KINDS, PRESET)},
 }
 
 
@@ -177,6 +183,15 @@ def _act(verb: str, message: str) -> Handler:
         return 0
 
     return handler
+
+
+async def cmd_scale(args: argparse.Namespace, vb: Client) -> int:
+    kind = resolve_kind(args.kind)
+    if kind != REPLICA_SET:
+        raise InvalidSpec("kind", f"only a {REPLICA_SET} scales, not a {kind}")
+    await vb.scale(args.namespace, args.name, args.replicas)
+    print(f"{kind.lower()}.{resource_of(kind)[0]}/{args.name} scaled")
+    return 0
 
 
 async def cmd_delete(args: argparse.Namespace, vb: Client) -> int:
@@ -499,6 +514,13 @@ def _writers(sub: Subparsers) -> None:
     d.add_argument("--grace-period", type=int)
     ns(d)
     d.set_defaults(run=cmd_delete)
+
+    sc = sub.add_parser("scale", help="set a replica set's replicas (kubectl scale vmirs)")
+    sc.add_argument("kind")
+    sc.add_argument("name")
+    sc.add_argument("--replicas", type=int, required=True)
+    ns(sc)
+    sc.set_defaults(run=cmd_scale)
 
 
 def _readers(sub: Subparsers) -> None:

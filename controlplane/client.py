@@ -26,9 +26,11 @@ from nats.js.kv import KeyValue
 
 from controlplane.defaults import COMMAND_AWAIT_TIMEOUT_SECONDS
 from controlplane.node_commands import LabelBody, TaintBody, TaintKey
+from controlplane.replicaset.commands import ScaleBody
 from events.api.hco_defaults import KIND as HCO_API_KIND
 from events.api.instancetype import CLUSTER_KINDS
 from events.api.manifest import decode_object
+from events.api.replicaset import PRESET, REPLICA_SET
 from events.api.scheduling import Taint
 from events.codec import Event
 from events.connect import Access, connect, url_user
@@ -47,7 +49,9 @@ from events.messages import (
 )
 from events.migration import MIGRATION_KIND
 from events.nodes import NODE_KIND
+from events.preset import PRESET_KIND
 from events.query import Query, ask
+from events.replicaset import REPLICA_SET_KIND
 from events.subjects import DEFAULT_PREFIX, Layout, aggregate_id, split_aggregate_id
 from events.transient import retry_within
 from events.vm import VM_KIND, VMI_KIND
@@ -58,7 +62,8 @@ from projections.service import render, render_view
 
 KIND_TOKENS = {"VirtualMachine": VM_KIND, "VirtualMachineInstance": VMI_KIND, "Node": NODE_KIND,
                "VirtualMachineInstanceMigration": MIGRATION_KIND, HCO_API_KIND: HCO_KIND,
-               **OPERAND_TOKENS, **INSTANCETYPE_TOKENS, REVISION_KIND: REVISION_TOKEN}
+               **OPERAND_TOKENS, **INSTANCETYPE_TOKENS, REVISION_KIND: REVISION_TOKEN,
+               PRESET: PRESET_KIND, REPLICA_SET: REPLICA_SET_KIND}
 CLUSTER_SCOPED = frozenset({"Node", HCO_API_KIND, *OPERAND_TOKENS, *CLUSTER_KINDS})
 """Kinds whose aggregates are cluster-scoped: their namespace is not part of the id."""
 
@@ -278,6 +283,12 @@ class Client:
         """kubectl taint node: add taints (one per key and effect), remove by key[:effect]."""
         body = TaintBody(add=add, remove=remove, overwrite=overwrite)
         return await self.act("Node", "taint", "", name, manifest=msgspec.to_builtins(body))
+
+    async def scale(self, namespace: str, name: str, replicas: int) -> Outcome:
+        """kubectl scale vmirs: set a replica set's `spec.replicas`."""
+        body = ScaleBody(replicas=replicas)
+        return await self.act(REPLICA_SET, "scale", namespace, name,
+                              manifest=msgspec.to_builtins(body))
 
     async def patch(self, kind: str, namespace: str, name: str,
                     patch: list[dict[str, Any]] | dict[str, Any]) -> Outcome:

@@ -44,3 +44,6 @@ CRASH_LOOP_BACKOFF_MIN_INTERVAL_SECONDS: Final = 10
 """KubeVirt's minInterval of `calculateStartBackoffTime`: the first failure's base delay."""
 VM_BACKOFF_CHECK_PERIOD_SECONDS: Final = 1.0
 """How often the VM controller looks for VMs whose crash-loop backoff has run out."""
+REPLICA_SET_BURST_REPLICAS: Final = 250
+"""KubeVirt's `controller.BurstReplicas`: the most VMIs a replica set creates or deletes in
+one pass."""

@@ -15,8 +15,9 @@ carries, for each object the decision wrote *or read*, the sequence it saw.
 |                                       |                            | object: the sequence    |
 |                                       |                            | the decision saw        |
 | a read guard per object only read     | `guard` (outside `ev.>`)   | that object's subject   |
-| (absent ones too), and per kind       |                            | (or `ev.<kind>.>`) at   |
-| scanned                               |                            | the sequence seen       |
+| (absent ones too), and per kind (or   |                            | (or `ev.<kind>.>`, or   |
+| kind in a namespace) scanned          |                            | `ev.<kind>.<ns>.>`) at  |
+|                                       |                            | the sequence seen       |
 
 | the server answers                     | then                                              |
 |----------------------------------------|---------------------------------------------------|
@@ -66,7 +67,7 @@ from events.messages import (
     marker_aggregate,
     recorded_outcome,
 )
-from events.subjects import aggregate_id
+from events.subjects import aggregate_id, encode_token
 from projections.cluster import VIEW_KINDS
 from projections.follower import read_event
 from projections.views import View
@@ -102,7 +103,9 @@ class _NotLoaded(Exception):
 
 
 class _NotScanned(Exception):
-    """The decision needs every object of a kind (control flow, not an error)."""
+    """The decision needs every object of a kind, or of a kind in one namespace (`kind` is
+    then `<kind>.<namespace token>`, the aggregate ids' prefix) (control flow, not an
+    error)."""
 
     def __init__(self, kind: str, view_cls: type[View]) -> None:
         self.kind = kind
@@ -210,13 +213,16 @@ class Decision:
         found: Aggregate[V] = self.touched[agg_id]
         return found
 
-    def all_existing(self, kind: str, view_cls: type[V]) -> Iterator[Aggregate[V]]:
-        """Every object of `kind` that exists, each loaded when the caller gets to it; the
-        decision then depends on no object of the kind changing (a wildcard guard)."""
-        scan = self.scans.get(kind)
+    def all_existing(self, kind: str, view_cls: type[V],
+                     namespace: str = "") -> Iterator[Aggregate[V]]:
+        """Every object of `kind` (of `namespace` only, if given) that exists, each loaded
+        when the caller gets to it; the decision then depends on no such object changing (a
+        wildcard guard)."""
+        scope = f"{kind}.{encode_token(namespace)}" if namespace else kind
+        scan = self.scans.get(scope)
         if scan is None:
-            raise _NotScanned(kind, view_cls)
-        self.scanned.add(kind)
+            raise _NotScanned(scope, view_cls)
+        self.scanned.add(scope)
         for agg_id in scan.ids:
             found = self.load(agg_id, view_cls)
             if found.exists:
@@ -379,7 +385,8 @@ class CommandHandler:
         return decision, Verdict("the command needs more objects than one decision reads")
 
     async def _scan(self, kind: str, view_cls: type[View]) -> Scan:
-        """Every object of `kind`, read fresh, and the sequence they are guarded at."""
+        """Every object of `kind` (`<kind>.<namespace token>`: of one namespace), read fresh,
+        and the sequence they are guarded at."""
         layout = self.log.layout
         subject = layout.events_filter(kind)
         newest = await self.log.last_on(layout.events_stream, subject)

@@ -33,6 +33,7 @@ from controlplane.defaults import (
 )
 from controlplane.drain.controller import EvacuationController
 from controlplane.migration.controller import MigrationController
+from controlplane.replicaset.controller import ReplicaSetController
 from controlplane.workloadupdate.controller import WorkloadUpdater
 from controlplane.writer import Writer
 from events.aio import pause_unless_stopped
@@ -63,7 +64,7 @@ class ControlLoop:
         self.vms = VMController()
         self.controllers: list[Controller] = [self.vms, Scheduler(), HCOController(),
                                               MigrationController(), EvacuationController(),
-                                              self.workload_updater]
+                                              self.workload_updater, ReplicaSetController()]
         self.dispatcher = Dispatcher(nc, layout)
         self.lifecycle = NodeLifecycle(nc, layout, node_grace_seconds)
         self.live = asyncio.Event()

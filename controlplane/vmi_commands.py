@@ -14,13 +14,15 @@ from controlplane.feature_gates import VMI_METADATA_PATH, VMI_SPEC_PATH, admit_b
 from controlplane.handling import Decision, Rejected, handles
 from controlplane.hco_commands import with_cluster_cpu_model, with_cpu_model
 from controlplane.instancetype.revisions import expand_for_start
+from controlplane.preset.commands import fill, presets_in
 from controlplane.vm_commands import KIND as VM_KIND_NAME
 from controlplane.vm_commands import load_vm
 from events.api.base import ObjectMeta
-from events.api.vm import VirtualMachineInstance
+from events.api.vm import VirtualMachineInstance, VirtualMachineInstanceSpec
 from events.errors import InvalidSpec
 from events.messages import DomainObservation, node_actor
 from events.nodes import NODE_KIND
+from events.preset import VirtualMachineInstancePresetConflicted
 from events.subjects import aggregate_id
 from events.vm import (
     PAUSED_USER_REQUESTED,
@@ -37,6 +39,7 @@ from events.vm import (
     VirtualMachineInstanceUnschedulable,
     VirtualMachineStartRequestDone,
 )
+from projections.replicaset import PresetView
 from projections.views import (
     TERMINAL_PHASES,
     NodeView,
@@ -91,11 +94,26 @@ def apply(d: Decision) -> None:
     if vmi.exists:
         stored = vmi.state.spec
         model = stored.domain.cpu.model if stored is not None and stored.domain.cpu else ""
-        if with_cpu_model(new.spec, model) != stored:  # the same manifest applied again is
+        filled = fill(presets_in(d, new.metadata.namespace), new.metadata, new.spec).spec
+        if with_cpu_model(filled, model) != stored:  # the same manifest applied again is
             raise InvalidSpec("spec", "a VirtualMachineInstance's spec cannot change")
-        return  # ... a no-op, whatever the CPU model defaulting added to it
-    d.trigger(vmi, VirtualMachineInstanceCreated, uid=str(uuid.uuid4()), metadata=new.metadata,
-              spec=with_cluster_cpu_model(d, new.spec))
+        return  # ... a no-op, whatever the presets and the CPU model defaulting added to it
+    create(d, vmi, new.metadata, new.spec, presets_in(d, new.metadata.namespace))
+
+
+def create(d: Decision, vmi: Aggregate[VirtualMachineInstanceView], meta: ObjectMeta,
+           spec: VirtualMachineInstanceSpec, presets: list[PresetView],
+           **owned: str | int) -> None:
+    """A new VMI as KubeVirt's mutating webhook makes it on CREATE: the matching `presets`
+    fill it (each conflict recorded on it), then the cluster's CPU model. `owned`: its
+    owner's fields of `VirtualMachineInstanceCreated`."""
+    filled = fill(presets, meta, spec)
+    d.trigger(vmi, VirtualMachineInstanceCreated, uid=str(uuid.uuid4()),
+              metadata=msgspec.structs.replace(meta, annotations=filled.annotations),
+              spec=with_cluster_cpu_model(d, filled.spec), **owned)
+    for conflict in filled.conflicts:
+        d.trigger(vmi, VirtualMachineInstancePresetConflicted, preset=conflict.preset,
+                  applied=conflict.applied, message=conflict.message)
 
 
 @handles(KIND, "create-for-vm", internal=True)
@@ -107,6 +125,8 @@ def create_for_vm(d: Decision) -> None:
     vmi = load_vmi(d)
     if not vm.exists or not vm.state.starts_without_vmi or vmi.exists or vm.state.spec is None:
         raise Rejected("no longer needed")
+    # Read before the expansion, which warns: a read the memory lacks runs the handler again.
+    presets = presets_in(d, cmd.namespace)
     template = vm.state.spec.template
     expanded = expand_for_start(d, vm.id)
     spec = expanded.spec if expanded is not None else template.spec
@@ -123,9 +143,7 @@ def create_for_vm(d: Decision) -> None:
     annotations = expanded.annotations if expanded is not None else template.metadata.annotations
     meta = ObjectMeta(name=cmd.name, namespace=cmd.namespace, labels=labels,
                       annotations=dict(annotations))
-    d.trigger(vmi, VirtualMachineInstanceCreated, uid=str(uuid.uuid4()), metadata=meta,
-              spec=with_cluster_cpu_model(d, spec), owner=cmd.name,
-              restart_count=vm.state.restart_count)
+    create(d, vmi, meta, spec, presets, owner=cmd.name, restart_count=vm.state.restart_count)
     if vm.state.start_requested:
         d.trigger(vm, VirtualMachineStartRequestDone)
 

@@ -20,6 +20,8 @@ import controlplane.hco_commands
 import controlplane.instancetype.commands
 import controlplane.migration.commands
 import controlplane.node_commands
+import controlplane.preset.commands
+import controlplane.replicaset.commands
 import controlplane.vm_commands
 import controlplane.vmi_commands
 import controlplane.workloadupdate.commands
@@ -31,7 +33,8 @@ from events.subjects import Layout
 HANDLER_MODULES = (controlplane.vm_commands, controlplane.vmi_commands,
                    controlplane.node_commands, controlplane.hco_commands,
                    controlplane.migration.commands, controlplane.drain.commands,
-                   controlplane.workloadupdate.commands, controlplane.instancetype.commands)
+                   controlplane.workloadupdate.commands, controlplane.instancetype.commands,
+                   controlplane.preset.commands, controlplane.replicaset.commands)
 """Imported for their `@handles` registrations."""
 
 

@@ -169,6 +169,8 @@ _GROUPS: Final = {
     "VirtualMachinePreference": (INSTANCETYPE_GROUP, "virtualmachinepreferences"),
     "VirtualMachineClusterPreference": (INSTANCETYPE_GROUP, "virtualmachineclusterpreferences"),
     "ControllerRevision": ("apps", "controllerrevisions"),
+    "VirtualMachineInstancePreset": (KUBEVIRT_GROUP, "virtualmachineinstancepresets"),
+    "VirtualMachineInstanceReplicaSet": (KUBEVIRT_GROUP, "virtualmachineinstancereplicasets"),
 }
 """Each kind's API group and resource, as the Kubernetes API names them."""
 
@@ -181,9 +183,10 @@ _ACTIONS: Final = {"start": "virtualmachines/start", "stop": "virtualmachines/st
 
 _OBJECT_VERBS: Final = {"apply": "patch", "create": "create", "delete": "delete",
                         "label": "patch", "taint": "patch", "cordon": "patch",
-                        "uncordon": "patch", "drain": "patch"}
-"""kubectl's requests: `apply` (server side), `label`, `taint`, `cordon`, `uncordon` and
-`drain` (which cordons, then evicts) are each a `patch` of the object."""
+                        "uncordon": "patch", "drain": "patch", "scale": "patch"}
+"""kubectl's requests: `apply` (server side), `label`, `taint`, `cordon`, `uncordon`,
+`drain` (which cordons, then evicts) and `scale` are each a `patch` of the object (KubeVirt's
+roles grant no `/scale` subresource: a replica set's editors scale it)."""
 
 
 def resource_of(kind: str) -> tuple[str, str]:

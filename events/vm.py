@@ -111,6 +111,8 @@ class VirtualMachineInstanceCreated(Event, frozen=True, kw_only=True):
     """The owning VM's name, or '' for a standalone VMI."""
     restart_count: int = 0
     """The owner's restart count when this VMI was made; a later restart replaces it."""
+    replica_set: str = ""
+    """The owning VirtualMachineInstanceReplicaSet's name, or ''."""
 
 
 def _node_name_to_node(v1: dict[str, Any]) -> dict[str, Any]:

@@ -9,18 +9,21 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from events.api.replicaset import REPLICA_SET
 from events.api.resources import DEFAULT_TUNING, ClusterTuning, vmi_resources
 from events.api.unsupported import NOT_HONOURED_CONDITION, NOT_HONOURED_REASON, inert_fields
 from events.api.vm import API_VERSION
 from events.codec import Event
 from events.migration import MIGRATION_KIND, WORKLOAD_UPDATE_KIND
 from events.nodes import NODE_KIND
+from events.replicaset import REPLICA_SET_KIND
 from events.subjects import aggregate_id
 from events.vm import PAUSED_MESSAGES, VM_KIND, VMI_KIND
 from projections.hco import HCO_VIEW_KINDS
 from projections.instancetype import INSTANCETYPE_VIEW_KINDS, revision_refs
 from projections.migratable import not_migratable
 from projections.migration import MigrationView, WorkloadUpdateView, render_migration_state
+from projections.replicaset import REPLICASET_VIEW_KINDS, PresetView, ReplicaSetView
 from projections.views import (
     RESTARTING_STRATEGIES,
     NodeView,
@@ -41,6 +44,7 @@ VIEW_KINDS: dict[str, type[View]] = {
     WORKLOAD_UPDATE_KIND: WorkloadUpdateView,
     **HCO_VIEW_KINDS,
     **INSTANCETYPE_VIEW_KINDS,
+    **REPLICASET_VIEW_KINDS,
 }
 
 
@@ -109,6 +113,30 @@ class ClusterState:
 
     def migrations(self) -> Iterator[MigrationView]:
         return self._all(MigrationView)
+
+    def replica_set(self, namespace: str, name: str) -> ReplicaSetView | None:
+        return self._get(ReplicaSetView, aggregate_id(REPLICA_SET_KIND, namespace, name))
+
+    def replica_sets(self) -> Iterator[ReplicaSetView]:
+        return self._all(ReplicaSetView)
+
+    def presets(self) -> Iterator[PresetView]:
+        return self._all(PresetView)
+
+    def presets_seen(self, namespace: str) -> int:
+        """The newest sequence of any preset of `namespace`, deleted ones too: what creating
+        a VMI there reads, so a controller's creation decided again after a preset changed
+        is a new command."""
+        return max((v.last_sequence for v in self.views.values()
+                    if isinstance(v, PresetView) and v.metadata.namespace == namespace),
+                   default=0)
+
+    def replicas(self, namespace: str, name: str) -> list[VirtualMachineInstanceView]:
+        """The replica set's active VMIs (KubeVirt's `filterActiveVMIs`: not final, not being
+        deleted), which it counts as `status.replicas`."""
+        return [v for v in self.vmis() if v.replica_set == name
+                and v.metadata.namespace == namespace and not v.final
+                and v.deletion_requested_at is None]
 
     def vmis_on(self, node: str) -> list[VirtualMachineInstanceView]:
         return [v for v in self.vmis() if v.node == node and v.active]
@@ -295,9 +323,10 @@ def render_vmi(vmi: VirtualMachineInstanceView, *, outdated: bool = False) -> di
     meta = object_meta(vmi, vmi.metadata, vmi.uid)
     if outdated:
         meta["labels"] = {**meta.get("labels", {}), OUTDATED_LAUNCHER_LABEL: ""}
-    if vmi.owner:
+    if vmi.owner or vmi.replica_set:
         meta["ownerReferences"] = [{
-            "apiVersion": API_VERSION, "kind": "VirtualMachine", "name": vmi.owner,
+            "apiVersion": API_VERSION, "name": vmi.owner or vmi.replica_set,
+            "kind": "VirtualMachine" if vmi.owner else REPLICA_SET,
             "controller": True, "blockOwnerDeletion": True,
         }]
     if vmi.deletion_requested_at is not None:

@@ -4,7 +4,9 @@
 |------------------------------------------------------------------|---------------------|
 | `/apis/kubevirt.io/v1/virtualmachines`                           | VirtualMachineList  |
 | `/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines[/{name}]`  | list or one object  |
-| the same for `virtualmachineinstances`                           |                     |
+| the same for `virtualmachineinstances`,                          |                     |
+| `virtualmachineinstancereplicasets` and                          |                     |
+| `virtualmachineinstancepresets`                                  |                     |
 | `/api/v1/nodes[/{name}]`                                         | NodeList or a Node  |
 | `/apis/instancetype.kubevirt.io/{version}/[namespaces/{ns}/]`    | list or one object  |
 | `virtualmachine[cluster]{instancetypes,preferences}[/{name}]`    |                     |
@@ -31,6 +33,7 @@ from events.api.instancetype import (
     INSTANCETYPE,
     PREFERENCE,
 )
+from events.api.replicaset import PRESET, REPLICA_SET
 from events.query import Query
 from projections.cluster import ClusterState
 from projections.hco import METRICS_QUERY
@@ -42,7 +45,9 @@ ProcessMetrics = Callable[[], bytes]
 """The serving process's own counters (Prometheus text): not functions of the log, so kept
 out of the log's metrics and appended only to what `/metrics` scrapes."""
 RESOURCES = {"virtualmachines": "VirtualMachine",
-             "virtualmachineinstances": "VirtualMachineInstance", "nodes": "Node"}
+             "virtualmachineinstances": "VirtualMachineInstance", "nodes": "Node",
+             "virtualmachineinstancereplicasets": REPLICA_SET,
+             "virtualmachineinstancepresets": PRESET}
 INSTANCETYPE_RESOURCES = {"virtualmachineinstancetypes": INSTANCETYPE,
                           "virtualmachinepreferences": PREFERENCE}
 CLUSTER_INSTANCETYPE_RESOURCES = {"virtualmachineclusterinstancetypes": CLUSTER_INSTANCETYPE,

@@ -32,6 +32,10 @@ KINDS: Final = {
                                         "vmcps", "virtualmachineclusterpreference",
                                         "virtualmachineclusterpreferences"),
     "ControllerRevision": ("controllerrevision", "controllerrevisions"),
+    "VirtualMachineInstancePreset": ("vmipreset", "vmipresets", "virtualmachineinstancepreset",
+                                     "virtualmachineinstancepresets"),
+    "VirtualMachineInstanceReplicaSet": ("vmirs", "vmirss", "virtualmachineinstancereplicaset",
+                                         "virtualmachineinstancereplicasets"),
 }
 """Kinds the read side serves, with the short names kubectl users type."""
 

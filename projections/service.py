@@ -40,6 +40,7 @@ from projections.instancetype import INSTANCETYPE_KINDS, ControllerRevisionView,
 from projections.instancetype import of_kind as instancetype_objects
 from projections.instancetype import render as render_instancetype
 from projections.migration import MigrationView, render_migration
+from projections.replicaset import PresetView, ReplicaSetView, render_preset, render_replica_set
 from projections.views import NodeView, View, VirtualMachineInstanceView, VirtualMachineView
 
 log = structlog.get_logger(__name__)
@@ -83,6 +84,12 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
                     out.append(node_object(state, node, tuning))
         case kind if kind in HCO_KINDS:
             out = answer(state, kind, query.name, datetime.now(UTC))
+        case "VirtualMachineInstanceReplicaSet":
+            out = [replica_set_object(state, rs) for rs in state.replica_sets()
+                   if _matches(query, rs.metadata.namespace, rs.metadata.name)]
+        case "VirtualMachineInstancePreset":
+            out = [render_preset(p) for p in state.presets()
+                   if _matches(query, p.metadata.namespace, p.metadata.name)]
         case kind if kind in INSTANCETYPE_KINDS:
             out = [render_instancetype(view) for view in
                    instancetype_objects(state.views.values(), kind)
@@ -102,6 +109,11 @@ def node_object(state: ClusterState, node: NodeView,
     usage = state.node_usage(node.name, emulation=node.emulation,
                              tuning=tuning or cluster_tuning(state))
     return render_node(node, usage)
+
+
+def replica_set_object(state: ClusterState, rs: ReplicaSetView) -> dict[str, Any]:
+    """A replica set with the status its VMIs give it."""
+    return render_replica_set(rs, state.replicas(rs.metadata.namespace, rs.metadata.name))
 
 
 def migration_object(state: ClusterState, migration: MigrationView) -> dict[str, Any]:
@@ -126,6 +138,10 @@ def render_view(state: ClusterState, view: View) -> dict[str, Any] | None:
             return migration_object(state, view)
         case InstancetypeView() | ControllerRevisionView():
             return render_instancetype(view)
+        case ReplicaSetView():
+            return replica_set_object(state, view)
+        case PresetView():
+            return render_preset(view)
     return render_hco_view(state, view)
 
 

@@ -252,6 +252,8 @@ class VirtualMachineInstanceView(View):
         self.metadata = ObjectMeta()
         self.spec: VirtualMachineInstanceSpec | None = None
         self.owner = ""
+        self.replica_set = ""
+        """The owning replica set's name, or ''."""
         self.restart_count = 0
         self.phase = ""
         self.reason = ""
@@ -309,9 +311,10 @@ class VirtualMachineInstanceView(View):
     def mutate(self, event: Event) -> None:
         match event:
             case VirtualMachineInstanceCreated(uid=uid, metadata=meta, spec=spec, owner=owner,
-                                               restart_count=rc):
+                                               restart_count=rc, replica_set=replica_set):
                 self.exists, self.uid, self.metadata, self.spec = True, uid, meta, spec
                 self.owner, self.restart_count, self.node, self.reason = owner, rc, "", ""
+                self.replica_set = replica_set
                 self.created_at, self.deletion_requested_at = event.timestamp, None
                 self.transitions, self.paused_reason, self.paused_at = [], "", None
                 self.unschedulable_message, self.unschedulable_at = "", None

@@ -24,7 +24,8 @@ KubeVirt's `syncRunStrategy` and `syncStartFailureStatus` do. First matching row
 | a Start request                     |                                   |                     |
 
 Level-triggered on each VM and VMI, on the KubeVirt CR (every VM again: admission by
-feature gate depends on it), and on the clock: `due` proposes the VMIs whose backoff ran out,
+feature gate depends on it), on instancetypes, preferences and presets (what a VMI is made
+from), and on the clock: `due` proposes the VMIs whose backoff ran out,
 from the log's retryAfter and `clock`, so a restart (which reconciles everything) loses no
 pending retry.
 """
@@ -41,6 +42,7 @@ from events.codec import Event
 from events.hco import OPERAND_TOKENS
 from events.instancetype import KIND_TOKENS as INSTANCETYPE_TOKENS
 from events.messages import Command
+from events.preset import PRESET_KIND
 from events.subjects import aggregate_id, split_aggregate_id
 from events.vm import VM_KIND, VMI_KIND
 from projections.cluster import ClusterState
@@ -68,9 +70,10 @@ class VMController:
 
     def on_event(self, state: ClusterState, event: Event) -> list[Command]:
         kind, namespace, name = split_aggregate_id(event.originator_id)
-        if kind == _KUBEVIRT or kind in INSTANCETYPE_TOKENS.values():
-            # The effective configuration changed, or an instancetype or preference did: a
-            # VMI refused for either may be created now, without waiting for its VM to change.
+        if kind in (_KUBEVIRT, PRESET_KIND) or kind in INSTANCETYPE_TOKENS.values():
+            # The effective configuration changed, or an instancetype, a preference or a
+            # preset did: a VMI refused for one may be created now, without waiting for its
+            # VM to change.
             return self.resync(state)
         if kind not in (VM_KIND, VMI_KIND):
             return []
@@ -105,10 +108,11 @@ class VMController:
         configuration = operand(state, "KubeVirt")
         kubevirt = configuration.version if configuration is not None else 0
         references = referenced_versions(state, vm) if vm is not None else []
+        presets = state.presets_seen(namespace)
 
         def command(kind: str, verb: str) -> list[Command]:
             return [derived_command(NAME, kind, verb, namespace, name,
-                                    vm_version, vmi_version, kubevirt, *references,
+                                    vm_version, vmi_version, kubevirt, presets, *references,
                                     correlation_id=correlation_id)]
 
         if vmi is not None and not vmi.owner:

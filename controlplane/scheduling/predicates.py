@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from controlplane.scheduling import messages
 from controlplane.scheduling.facts import Demand, NodeFacts, Snapshot, Usage
 from controlplane.scheduling.selectors import (
-    selector_matches,
     term_matches,
     term_selects,
     tolerates,
 )
 from events.api.node import RESOURCE_PODS
-from events.api.scheduling import PodAffinityTerm, TopologySpreadConstraint
+from events.api.scheduling import PodAffinityTerm, TopologySpreadConstraint, selector_matches
 
 FITS: tuple[str, ...] = ()
 

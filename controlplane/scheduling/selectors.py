@@ -4,12 +4,12 @@ terms (labels and the `metadata.name` field) and label selectors of pods."""
 from __future__ import annotations
 
 from events.api.scheduling import (
-    LabelSelector,
     NodeSelectorRequirement,
     NodeSelectorTerm,
     PodAffinityTerm,
     Taint,
     Toleration,
+    selector_matches,
 )
 
 LABEL_NAMESPACE_NAME = "kubernetes.io/metadata.name"
@@ -53,28 +53,6 @@ def term_matches(term: NodeSelectorTerm, name: str, labels: dict[str, str]) -> b
         return False
     return not term.match_fields or all(
         requirement_holds(r, {"metadata.name": name}) for r in term.match_fields)
-
-
-def selector_matches(selector: LabelSelector | None, labels: dict[str, str]) -> bool:
-    """metav1.LabelSelector: `None` matches nothing, an empty selector everything."""
-    if selector is None:
-        return False
-    if any(labels.get(k) != v for k, v in selector.match_labels.items()):
-        return False
-    for expression in selector.match_expressions:
-        value = labels.get(expression.key)
-        match expression.operator:
-            case "In":
-                ok = value is not None and value in expression.values
-            case "NotIn":
-                ok = value is None or value not in expression.values
-            case "Exists":
-                ok = value is not None
-            case "DoesNotExist":
-                ok = value is None
-        if not ok:
-            return False
-    return True
 
 
 def term_selects(term: PodAffinityTerm, own_namespace: str, namespace: str,

@@ -143,3 +143,25 @@ def label_value_problem(value: str) -> str | None:
     if value and (len(value) > 63 or not _LABEL_NAME.fullmatch(value)):
         return f"a valid label value {LABEL_NAME_RULE}"
     return None
+
+
+def selector_matches(selector: LabelSelector | None, labels: dict[str, str]) -> bool:
+    """metav1.LabelSelector: `None` matches nothing, an empty selector everything."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in selector.match_labels.items()):
+        return False
+    for expression in selector.match_expressions:
+        value = labels.get(expression.key)
+        match expression.operator:
+            case "In":
+                ok = value is not None and value in expression.values
+            case "NotIn":
+                ok = value is None or value not in expression.values
+            case "Exists":
+                ok = value is not None
+            case "DoesNotExist":
+                ok = value is None
+        if not ok:
+            return False
+    return True

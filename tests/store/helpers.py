@@ -3,18 +3,21 @@ the control loop does (folding its events into a `ClusterState`)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
 import controlplane.writer  # noqa: F401  (registers the command handlers)
 from controlplane.handling import CommandHandler, Result
 from events.bridge import NatsBridge
+from events.codec import Event
 from events.datastore import EventLog, JetStreamDatastore
 from events.jetstream import JetStreamApplicationRecorder
 from events.messages import Command
 from events.streams import ensure_all
 from events.subjects import Layout
 from projections.cluster import ClusterState
+from projections.follower import follow
 
 
 class SyncHandler:
@@ -34,6 +37,25 @@ class SyncHandler:
     def close(self) -> None:
         self.datastore.close()
         self.bridge.close()
+
+
+def replayed(handler: SyncHandler, layout: Layout) -> ClusterState:
+    """The read model rebuilt from the log alone, as a restarted control plane has it."""
+    state = ClusterState()
+
+    async def replay() -> None:
+        stop = asyncio.Event()
+
+        async def on_event(sequence: int, event: Event) -> None:
+            state.apply(event, sequence)
+
+        async def caught_up() -> None:
+            stop.set()
+
+        await follow(handler.bridge.nc, layout, on_event, on_caught_up=caught_up, stop=stop)
+
+    handler.bridge.run(replay())
+    return state
 
 
 def node_info(name: str, *, devices: bool = True) -> dict[str, Any]:

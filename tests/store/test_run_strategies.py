@@ -5,7 +5,6 @@ backoff is waited out without waiting."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,13 +16,11 @@ from controlplane.controllers.scheduler import Scheduler
 from controlplane.controllers.vm import VMController
 from controlplane.defaults import CRASH_LOOP_BACKOFF_MAX_DELAY_SECONDS
 from controlplane.vm_commands import crash_loop_delay_seconds
-from events.codec import Event
 from events.messages import Command, DomainObservation, node_actor
 from events.subjects import Layout
 from projections.cluster import ClusterState, printable_status, render_vm
-from projections.follower import follow
 from projections.views import MigrationState
-from tests.store.helpers import SyncHandler, register_command, run, run_accepted
+from tests.store.helpers import SyncHandler, register_command, replayed, run, run_accepted
 from tests.system.harness import vm_manifest
 
 NODE = "n1"
@@ -96,23 +93,7 @@ class Cluster:
         return uid
 
     def replayed(self) -> ClusterState:
-        """The read model rebuilt from the log alone, as a restarted control plane has it."""
-        state = ClusterState()
-
-        async def replay() -> None:
-            stop = asyncio.Event()
-
-            async def on_event(sequence: int, event: Event) -> None:
-                state.apply(event, sequence)
-
-            async def caught_up() -> None:
-                stop.set()
-
-            await follow(self.handler.bridge.nc, self.layout, on_event, on_caught_up=caught_up,
-                         stop=stop)
-
-        self.handler.bridge.run(replay())
-        return state
+        return replayed(self.handler, self.layout)
 
 
 @pytest.fixture

@@ -1,0 +1,163 @@
+"""Commands of VirtualMachineInstanceReplicaSets: from users `apply`, `delete`, `scale`
+(kubectl's, through the scale subresource); from the controller `create-replica`,
+`delete-replica` and `clear-failure`.
+
+The controller decides on its read model; these handlers decide again on the log, with a
+guard on every VMI: a replica is created only while fewer are active than `spec.replicas`,
+and deleted only while more are, however often, however late, and on however stale a state
+the controller proposed it.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import msgspec
+
+from controlplane.aggregate import Aggregate
+from controlplane.feature_gates import VM_METADATA_PATH, VM_SPEC_PATH, admit_by_feature_gates
+from controlplane.handling import Decision, Rejected, handles
+from controlplane.preset.commands import presets_in
+from controlplane.vmi_commands import create, request_deletion
+from events.api.base import ObjectMeta
+from events.api.manifest import check_dns1123_label
+from events.api.replicaset import REPLICA_SET, Replicas, VirtualMachineInstanceReplicaSet
+from events.errors import InvalidSpec
+from events.replicaset import (
+    REPLICA_SET_KIND,
+    ReplicaSetApplied,
+    ReplicaSetDeleted,
+    ReplicaSetReplicaFailure,
+    ReplicaSetReplicaFailureCleared,
+    ReplicaSetScaled,
+)
+from events.subjects import aggregate_id
+from events.vm import VMI_KIND
+from projections.replicaset import ReplicaSetView
+from projections.views import VirtualMachineInstanceView
+
+
+class ScaleBody(msgspec.Struct, frozen=True, kw_only=True):
+    """`scale`: the new `spec.replicas`."""
+
+    replicas: Replicas
+
+
+class ReplicaBody(msgspec.Struct, frozen=True, kw_only=True):
+    """`create-replica` / `delete-replica`: the VMI's name."""
+
+    name: str
+
+
+def existing_replica_set(d: Decision) -> Aggregate[ReplicaSetView]:
+    return d.existing(REPLICA_SET_KIND, ReplicaSetView, REPLICA_SET.lower())
+
+
+def active_replicas(d: Decision,
+                    rs: ReplicaSetView) -> list[Aggregate[VirtualMachineInstanceView]]:
+    """The replica set's VMIs that count (not final, not being deleted), as the log has them
+    now; the decision is guarded against any VMI of its namespace changing meanwhile."""
+    namespace, name = rs.metadata.namespace, rs.metadata.name
+    return [vmi for vmi in d.all_existing(VMI_KIND, VirtualMachineInstanceView, namespace)
+            if vmi.state.replica_set == name and not vmi.state.final
+            and vmi.state.deletion_requested_at is None]
+
+
+@handles(REPLICA_SET, "apply")
+def apply(d: Decision) -> None:
+    new = d.submitted(VirtualMachineInstanceReplicaSet)
+    meta = new.metadata
+    found = d.load(aggregate_id(REPLICA_SET_KIND, meta.namespace, meta.name), ReplicaSetView)
+    old = found.state
+    if found.exists and (old.spec, old.metadata.labels, old.metadata.annotations) == (
+            new.spec, meta.labels, meta.annotations):
+        return
+    if not found.exists:  # KubeVirt's admitter checks feature gates on CREATE
+        template = new.spec.template
+        admit_by_feature_gates(d, template.spec, VM_SPEC_PATH, template.metadata.annotations,
+                               VM_METADATA_PATH)
+    uid = old.uid if found.exists else str(uuid.uuid4())
+    generation = old.generation + (old.spec != new.spec) if found.exists else 1
+    d.trigger(found, ReplicaSetApplied, uid=uid, metadata=meta, spec=new.spec,
+              generation=generation)
+
+
+@handles(REPLICA_SET, "scale")
+def scale(d: Decision) -> None:
+    rs = existing_replica_set(d)
+    try:
+        replicas = msgspec.convert(d.command.manifest or {}, ScaleBody).replicas
+    except msgspec.ValidationError:
+        raise InvalidSpec("spec.replicas", "must be a whole number, 0 or more") from None
+    if rs.state.spec is None or rs.state.spec.replicas == replicas:
+        return
+    d.trigger(rs, ReplicaSetScaled, replicas=replicas, generation=rs.state.generation + 1)
+
+
+@handles(REPLICA_SET, "delete")
+def delete(d: Decision) -> None:
+    """The replica set and its VMIs (KubeVirt's owner references: collected with it)."""
+    rs = existing_replica_set(d)
+    for vmi in active_replicas(d, rs.state):
+        request_deletion(d, vmi)
+    d.trigger(rs, ReplicaSetDeleted)
+
+
+@handles(REPLICA_SET, "create-replica", internal=True)
+def create_replica(d: Decision) -> None:
+    """One more VMI from the template, while fewer than `spec.replicas` are active. A VMI
+    the cluster refuses (a feature gate, conflicting presets) is the ReplicaFailure
+    condition, as KubeVirt's `checkFailure` sets it, recorded when its message changes."""
+    rs = existing_replica_set(d)
+    state, name = rs.state, d.body(ReplicaBody).name
+    check_dns1123_label("manifest.name", name)
+    if state.spec is None or state.paused:
+        raise Rejected("the replica set is paused")
+    have = len(active_replicas(d, state))
+    if have >= state.spec.wanted:
+        raise Rejected(f"no longer needed: {have} of {state.spec.wanted} replicas exist")
+    vmi = d.load(aggregate_id(VMI_KIND, d.command.namespace, name), VirtualMachineInstanceView)
+    if vmi.exists:
+        raise Rejected(f'virtualmachineinstance "{d.command.namespace}/{name}" already exists',
+                       "manifest.name")
+    template = state.spec.template
+    meta = ObjectMeta(name=name, namespace=d.command.namespace,
+                      labels=dict(template.metadata.labels),
+                      annotations=dict(template.metadata.annotations))
+    try:
+        admit_by_feature_gates(d, template.spec, VM_SPEC_PATH, template.metadata.annotations,
+                               VM_METADATA_PATH)
+        create(d, vmi, meta, template.spec, presets_in(d, d.command.namespace),
+               replica_set=state.metadata.name)
+    except (InvalidSpec, Rejected) as refused:
+        message = str(refused)
+        if state.failure is None or state.failure.message != message:
+            d.trigger(rs, ReplicaSetReplicaFailure, reason="FailedCreate", message=message)
+        return
+    if state.failure is not None:
+        d.trigger(rs, ReplicaSetReplicaFailureCleared)
+
+
+@handles(REPLICA_SET, "delete-replica", internal=True)
+def delete_replica(d: Decision) -> None:
+    """One VMI of the replica set fewer, while more than `spec.replicas` are active."""
+    rs = existing_replica_set(d)
+    state, name = rs.state, d.body(ReplicaBody).name
+    if state.spec is None or state.paused:
+        raise Rejected("the replica set is paused")
+    active = active_replicas(d, state)
+    if len(active) <= state.spec.wanted:
+        raise Rejected(f"no longer needed: {len(active)} of {state.spec.wanted} replicas exist")
+    victim = next((vmi for vmi in active if vmi.state.metadata.name == name), None)
+    if victim is None:
+        raise Rejected(f"{name} is not an active replica of this replica set", "manifest.name")
+    request_deletion(d, victim)
+
+
+@handles(REPLICA_SET, "clear-failure", internal=True)
+def clear_failure(d: Decision) -> None:
+    """Nothing failed on the last pass (KubeVirt removes ReplicaFailure then)."""
+    rs = existing_replica_set(d)
+    if rs.state.failure is None:
+        raise Rejected("no ReplicaFailure to clear")
+    d.trigger(rs, ReplicaSetReplicaFailureCleared)
