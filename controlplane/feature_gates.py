@@ -8,6 +8,9 @@ as KubeVirt's VM and VMI admission webhooks refuse it.
 | DownwardMetrics (`downwardMetrics`)            | `volumes[i].downwardMetrics`             |
 | PersistentReservation (`persistentReservation`)| `domain.devices.disks[i].lun.reservation`|
 | HostDevices (always on under HCO)              | `domain.devices.hostDevices`             |
+| HostDisk                                       | `volumes[i].hostDisk`                    |
+| GPUsWithDRA                                    | `domain.devices.gpus[i].claimName`       |
+| HostDevicesWithDRA                             | `domain.devices.hostDevices[i].claimName`|
 
 GPU, NUMA and VMPersistentState (a persistent TPM) are GA in KubeVirt: no gate asks for them.
 
@@ -54,6 +57,9 @@ PERSISTENT_RESERVATION: Final = MAPPED_FEATURE_GATES["persistent_reservation"]
 HOST_DEVICES: Final = "HostDevices"
 """One of HCO's `MANDATORY_FEATURE_GATES`: off only where no HyperConverged configures
 KubeVirt."""
+HOST_DISK: Final = "HostDisk"
+GPUS_WITH_DRA: Final = "GPUsWithDRA"
+HOST_DEVICES_WITH_DRA: Final = "HostDevicesWithDRA"
 SIDECAR: Final = "Sidecar"
 HOOK_SIDECARS_ANNOTATION: Final = "hooks.kubevirt.io/hookSidecars"
 """Sidecar containers that rewrite the domain before it starts (KubeVirt's hook sidecars)."""
@@ -81,11 +87,32 @@ def _host_devices(spec: VMISpecLike) -> Iterator[str]:
         yield "domain.devices.hostDevices"
 
 
+def _host_disks(spec: VMISpecLike) -> Iterator[str]:
+    for index, volume in enumerate(spec.volumes):
+        if volume.host_disk is not None:
+            yield f"volumes[{index}].hostDisk"
+
+
+def _dra_gpus(spec: VMISpecLike) -> Iterator[str]:
+    for index, gpu in enumerate(spec.domain.devices.gpus):
+        if gpu.claim_name:
+            yield f"domain.devices.gpus[{index}].claimName"
+
+
+def _dra_host_devices(spec: VMISpecLike) -> Iterator[str]:
+    for index, device in enumerate(spec.domain.devices.host_devices):
+        if device.claim_name:
+            yield f"domain.devices.hostDevices[{index}].claimName"
+
+
 GATED_FIELDS: Final[tuple[tuple[str, Callable[[VMISpecLike], Iterator[str]]], ...]] = (
     (DOWNWARD_METRICS, _downward_metrics_device),
     (DOWNWARD_METRICS, _downward_metrics_volumes),
     (PERSISTENT_RESERVATION, _lun_reservations),
     (HOST_DEVICES, _host_devices),
+    (HOST_DISK, _host_disks),
+    (GPUS_WITH_DRA, _dra_gpus),
+    (HOST_DEVICES_WITH_DRA, _dra_host_devices),
 )
 """Gate -> the fields (relative to the VMI spec) of a spec that use what it gates."""
 

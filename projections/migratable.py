@@ -8,6 +8,7 @@ the reason and message KubeVirt gives (a migration of it is refused with them).
 | a `bridge` interface on the pod network, without the | InterfaceNotLiveMigratable  |
 | `kubevirt.io/allow-pod-bridge-network-live-migration`|                             |
 | annotation                                           |                             |
+| a `hostDisk` not `shared`                            | DisksNotLiveMigratable      |
 | a GPU or a host device passed through                | HostDeviceNotLiveMigratable |
 
 Everything else migrates; `containerDisk` and `emptyDisk` volumes are copied with the
@@ -41,6 +42,9 @@ def not_migratable(spec: VirtualMachineInstanceSpec,
                    annotations: dict[str, str]) -> NotMigratable | None:
     """Why the VMI cannot live-migrate (KubeVirt's reason and message), or None."""
     for volume in spec.volumes:
+        if volume.host_disk is not None and not volume.host_disk.shared:
+            return NotMigratable(DISKS_NOT_LIVE_MIGRATABLE,
+                                 "cannot migrate VMI with non-shared HostDisk")
         claim = (volume.persistent_volume_claim.claim_name if volume.persistent_volume_claim
                  else volume.data_volume.name if volume.data_volume else "")
         if claim:

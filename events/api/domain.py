@@ -8,7 +8,7 @@ Optional sub-objects are `None` when absent because KubeVirt gives "absent" and
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Literal, TypeAlias
 
 import msgspec
 
@@ -320,20 +320,26 @@ class VGPUOptions(ApiStruct):
 
 
 class GPU(ApiStruct):
-    """A GPU (or vGPU) of a device plugin's resource `deviceName`, passed through."""
+    """A GPU (or vGPU) of a device plugin's resource `deviceName`, passed through (or of a
+    DRA claim: `claimName` / `requestName`, behind GPUsWithDRA)."""
 
     name: str
     device_name: str = ""
+    claim_name: str = ""
+    request_name: str = ""
     virtual_gpu_options: VGPUOptions | None = msgspec.field(default=None,
                                                             name="virtualGPUOptions")
     tag: str = ""
 
 
 class HostDevice(ApiStruct):
-    """A host PCI or mediated device of a device plugin's resource `deviceName`."""
+    """A host PCI or mediated device of a device plugin's resource `deviceName` (or of a DRA
+    claim, behind HostDevicesWithDRA)."""
 
     name: str
     device_name: str = ""
+    claim_name: str = ""
+    request_name: str = ""
     tag: str = ""
 
 
@@ -460,12 +466,22 @@ class CloudInitConfigDriveSource(ApiStruct):
     network_data_secret_ref: LocalObjectReference | None = None
 
 
+class HostDiskSource(ApiStruct):
+    """A disk image at a path on the node (KubeVirt's `hostDisk`, behind the HostDisk gate)."""
+
+    path: str
+    type: Literal["Disk", "DiskOrCreate"]
+    capacity: Quantity | None = None
+    shared: bool | None = None
+
+
 class Volume(ApiStruct):
     name: str
     container_disk: ContainerDiskSource | None = None
     persistent_volume_claim: PersistentVolumeClaimSource | None = None
     data_volume: DataVolumeSource | None = None
     empty_disk: EmptyDiskSource | None = None
+    host_disk: HostDiskSource | None = None
     cloud_init_no_cloud: CloudInitNoCloudSource | None = None
     downward_metrics: Empty | None = None
     """`downwardMetrics: {}`: host metrics for the guest as a small read-only disk
@@ -483,4 +499,4 @@ class Volume(ApiStruct):
         return (self.container_disk, self.persistent_volume_claim, self.data_volume,
                 self.empty_disk, self.cloud_init_no_cloud, self.downward_metrics, self.secret,
                 self.config_map, self.service_account, self.sysprep, self.ephemeral,
-                self.cloud_init_config_drive)
+                self.cloud_init_config_drive, self.host_disk)

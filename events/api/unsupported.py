@@ -11,6 +11,8 @@ Unmet needs: the guest would be a different machine, so its launch fails with th
 | `domain.devices.gpus[i]`                   | no device plugin hands out GPUs            |
 | `domain.devices.hostDevices[i]`            | no device plugin hands out host devices    |
 | `domain.cpu.numa.guestMappingPassthrough`  | host NUMA cells are not mapped to guests   |
+| `volumes[i].hostDisk` (its gate on)        | an agent attaches files of its VMI's own   |
+|                                            | directory only, never a host path          |
 
 Inert fields: the guest runs, without what they ask; the VMI says so in its `SpecHonoured`
 condition (False, `NotOnVirtbusNodes`, the fields and why in its message).
@@ -43,11 +45,17 @@ def unmet_needs(spec: VMISpecLike) -> Iterator[str]:
             yield (f"spec.domain.devices.interfaces[{index}].sriov: this node has no SR-IOV "
                    f"virtual function for interface {interface.name!r}")
     for index, gpu in enumerate(devices.gpus):
-        yield (f"spec.domain.devices.gpus[{index}]: this node has no {gpu.device_name!r} "
-               f"device to pass through as GPU {gpu.name!r}")
+        yield (f"spec.domain.devices.gpus[{index}]: this node has no "
+               f"{gpu.device_name or gpu.claim_name!r} device to pass through as GPU "
+               f"{gpu.name!r}")
     for index, device in enumerate(devices.host_devices):
         yield (f"spec.domain.devices.hostDevices[{index}]: this node has no "
-               f"{device.device_name!r} device to pass through as {device.name!r}")
+               f"{device.device_name or device.claim_name!r} device to pass through as "
+               f"{device.name!r}")
+    for index, volume in enumerate(spec.volumes):
+        if volume.host_disk is not None:
+            yield (f"spec.volumes[{index}].hostDisk: a virtbus node attaches only files of "
+                   f"the VMI's own disk directory, not host path {volume.host_disk.path!r}")
     cpu = spec.domain.cpu
     if cpu is not None and cpu.numa is not None and cpu.numa.guest_mapping_passthrough is not None:
         yield ("spec.domain.cpu.numa.guestMappingPassthrough: this node does not map host "

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from events.api.domain import (
         CPU,
+        GPU,
         Clock,
         Devices,
         Disk,
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
         FeatureHyperv,
         Features,
         Firmware,
+        HostDevice,
+        HostDiskSource,
         Interface,
         KernelBoot,
         Quantity,
@@ -437,13 +440,11 @@ def _validate_devices(devices: Devices, at: str) -> None:
     ]
     _require(len(ramfb_displays) <= 1, f"{at}.gpus",
              f"configuring multiple displays with ramfb is not valid: {ramfb_displays}")
-    device_names = [(f"gpus[{i}]", gpu.device_name) for i, gpu in enumerate(devices.gpus)]
-    device_names += [(f"hostDevices[{i}]", host.device_name)
-                     for i, host in enumerate(devices.host_devices)]
-    for where, device_name in device_names:
-        _require(bool(device_name), f"{at}.{where}.deviceName",
-                 "is required: the device plugin resource to pass through (DRA claims "
-                 "are not supported)")
+    passed: list[tuple[str, GPU | HostDevice]] = [
+        (f"gpus[{i}]", gpu) for i, gpu in enumerate(devices.gpus)]
+    passed += [(f"hostDevices[{i}]", host) for i, host in enumerate(devices.host_devices)]
+    for where, passthrough in passed:
+        _validate_device_source(passthrough, f"{at}.{where}")
     for index, device in enumerate(devices.inputs):
         field = f"{at}.inputs[{index}]"
         _require(bool(device.name), f"{field}.name", "must not be empty")
@@ -541,9 +542,38 @@ def _validate_volumes(devices: Devices, volumes: list[Volume], path: str) -> Non
         )
         if volume.empty_disk is not None:
             _parsed(volume.empty_disk.capacity, f"{field}.emptyDisk.capacity")
+        if volume.host_disk is not None:
+            _validate_host_disk(volume.host_disk, f"{field}.hostDisk")
     service_accounts = sum(v.service_account is not None for v in volumes)
     _require(service_accounts <= 1, f"{path}.volumes",
              "must have at most one serviceAccount volume")
+
+
+def _validate_device_source(device: GPU | HostDevice, field: str) -> None:
+    """A device plugin's `deviceName`, or a DRA claim (`claimName` and `requestName`; its
+    gate is the cluster's to check), never both."""
+    if device.claim_name or device.request_name:
+        _require(not device.device_name, f"{field}.deviceName",
+                 "must not be set together with claimName/requestName")
+        _require(bool(device.claim_name and device.request_name), field,
+                 "a DRA device needs both claimName and requestName")
+    else:
+        _require(bool(device.device_name), f"{field}.deviceName",
+                 "is required: the device plugin resource to pass through, or a DRA "
+                 "claimName and requestName")
+
+
+def _validate_host_disk(host_disk: HostDiskSource, field: str) -> None:
+    """KubeVirt's hostDisk rules: an absolute path; a capacity exactly for DiskOrCreate."""
+    _require(host_disk.path.startswith("/"), f"{field}.path", "must be an absolute path")
+    if host_disk.type == "DiskOrCreate":
+        _require(host_disk.capacity is not None, f"{field}.capacity",
+                 "is required for type DiskOrCreate")
+        if host_disk.capacity is not None:
+            _parsed(host_disk.capacity, f"{field}.capacity")
+    else:
+        _require(host_disk.capacity is None, f"{field}.capacity",
+                 "must not be set for type Disk")
 
 
 def _validate_object_references(volume: Volume, field: str) -> None:

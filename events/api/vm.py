@@ -51,6 +51,9 @@ class VirtualMachineInstanceSpec(ApiStruct):
     start_strategy: str = ""
     architecture: str = ""
     access_credentials: list[dict[str, Any]] = []
+    resource_claims: list[dict[str, Any]] = []
+    """DRA claims (pod `resourceClaims`) the VMI's devices name; with a GPUsWithDRA /
+    HostDevicesWithDRA device only."""
     readiness_probe: dict[str, Any] | None = None
     liveness_probe: dict[str, Any] | None = None
 

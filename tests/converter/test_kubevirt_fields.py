@@ -40,6 +40,10 @@ ADMITTED: list[tuple[str, dict[str, Any]]] = [
     ("video", {f"{DEVICES}.video": {"type": "virtio"}}),
     ("gpus", {f"{DEVICES}.gpus": [{"name": "gpu1", "deviceName": "nvidia.com/GP102GL"}]}),
     ("hostDevices", {f"{DEVICES}.hostDevices": [{"name": "hd", "deviceName": "intel.com/qat"}]}),
+    ("hostDisk", {"spec.volumes": [{"name": "root", "hostDisk": {
+        "path": "/var/lib/images/root.img", "type": "Disk"}}]}),
+    ("dra", {f"{DEVICES}.gpus": [{"name": "g", "claimName": "c", "requestName": "r"}],
+             "spec.resourceClaims": [{"name": "c", "resourceClaimTemplateName": "t"}]}),
     ("watchdog", {f"{DEVICES}.watchdog": {"name": "w", "i6300esb": {"action": "poweroff"}}}),
     ("sriov", {f"{DEVICES}.interfaces": [{"name": "sriov-net", "sriov": {}}],
                "spec.networks": [{"name": "sriov-net", "multus": {"networkName": "sriov"}}]}),
@@ -235,6 +239,8 @@ NOT_ON_THIS_NODE = [
     ("gpus", "spec.domain.devices.gpus[0]", "no 'nvidia.com/GP102GL' device"),
     ("hostDevices", "spec.domain.devices.hostDevices[0]", "no 'intel.com/qat' device"),
     ("cpu.numa", "spec.domain.cpu.numa.guestMappingPassthrough", "does not map host NUMA"),
+    ("hostDisk", "spec.volumes[0].hostDisk", "not host path '/var/lib/images/root.img'"),
+    ("dra", "spec.domain.devices.gpus[0]", "no 'c' device"),
 ]
 
 

@@ -247,3 +247,33 @@ def test_empty_hook_sidecar_annotation_needs_no_gate() -> None:
     with pytest.raises(InvalidSpec) as refused:
         check_annotation_gates({HOOK_SIDECARS_ANNOTATION: "[]"}, frozenset(), "metadata")
     assert refused.value.field == f"metadata.annotations.{HOOK_SIDECARS_ANNOTATION}"
+
+
+HOST_DISK = {"volumes": [{"name": "host", "hostDisk": {"path": "/var/lib/images/d.img",
+                                                        "type": "DiskOrCreate",
+                                                        "capacity": "1Gi"}}],
+             "domain": {"resources": {"requests": {"memory": "64Mi"}},
+                        "devices": {"disks": [{"name": "host", "disk": {}}]}}}
+DRA_GPU = {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu-tmpl"}],
+           "domain": {"resources": {"requests": {"memory": "64Mi"}},
+                      "devices": {"gpus": [{"name": "g", "claimName": "gpu",
+                                            "requestName": "pgpu"}]}}}
+
+
+@pytest.mark.parametrize(("spec", "gate", "field"), [
+    (HOST_DISK, "HostDisk", "spec.volumes[0].hostDisk"),
+    (DRA_GPU, "GPUsWithDRA", "spec.domain.devices.gpus[0].claimName"),
+])
+def test_kubevirts_gated_sources_are_refused_by_gate_with_hcos_defaults(
+        handler: SyncHandler, spec: dict[str, Any], gate: str, field: str) -> None:
+    """KubeVirt's own examples `vmi-host-disk` and `vmi-dra-pgpu` are admitted by schema and
+    refused for the gate HCO leaves off, as KubeVirt refuses them."""
+    state = ClusterState()
+    apply_hco(handler, state, {})
+    refused = run(handler, state, apply(vmi("gated", spec))).outcome
+    assert (refused.accepted, refused.field, refused.reason) == (
+        False, field, f"the {gate} feature gate is not enabled")
+    patch = ('[{"op": "add", "value": "' + gate + '", '
+             '"path": "/spec/configuration/developerConfiguration/featureGates/-"}]')
+    apply_hco(handler, state, {}, {d.KUBEVIRT_JSONPATCH_ANNOTATION: patch})
+    assert run(handler, state, apply(vmi("gated", spec))).outcome.accepted
