@@ -9,6 +9,7 @@ import pytest
 
 from controlplane.client import Client, CommandRejected
 from events.api import hco_defaults as d
+from projections import audit
 from projections.hco import ALERTS_QUERY, METRICS_QUERY, metrics
 from projections.hco_metrics import OUT_OF_BAND_MODIFICATIONS, UNSAFE_MODIFICATIONS
 from tests.system.harness import (
@@ -103,7 +104,7 @@ async def test_out_of_band_change_is_reverted_counted_alerted_and_survives_resta
                              what="the restarted read service")
     assert again[0]["text"] == text
     assert await vb.query(ALERTS_QUERY, after=head) == alerts
-    rebuilt = await vb.state_at(head)
+    rebuilt = await audit.state_at(vb.nc, vb.layout, head)
     assert metrics(rebuilt).exposition().decode() == text
 
 
