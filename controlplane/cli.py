@@ -133,7 +133,7 @@ async def cmd_apply(args: argparse.Namespace, vb: Client) -> int:
         try:
             await vb.get(kind, scope(kind, meta.get("namespace", "")), meta.get("name", ""))
             before[id(doc)] = True
-        except (NotFound, RuntimeError):
+        except (NotFound, Forbidden, RuntimeError):  # the command's own outcome decides
             before[id(doc)] = False
     outcomes = await vb.apply(*docs)
     for doc, outcome in zip(docs, outcomes, strict=True):

@@ -7,8 +7,13 @@ tenant-b is neither's. The HTTP API answers as the user a bearer token names."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +255,30 @@ async def test_the_http_api_answers_as_the_tokens_user(install: Installation) ->
         code, body = await get(session, "/metrics", TOKENS["operator"])
         assert code == 200 and "# TYPE" in body
         assert (await get(session, "/healthz"))[0] == 200
+
+
+def _cli(install: Installation, credentials: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`virtbus ARGS` as the credentials' user, with no context file to fall back on."""
+    return subprocess.run([sys.executable, "-m", "controlplane.cli", "--nats-url", install.url,
+                           "--nats-credentials", str(credentials), *args],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "VIRTBUS_CONTEXT": str(credentials.parent / "none")})
+
+
+async def test_the_cli_reads_the_past_as_she_may(install: Installation, tmp_path: Path) -> None:
+    """The same commands as an operator's, answered as alice may see them."""
+    credentials = tmp_path / "alice.json"
+    credentials.write_text(json.dumps({"user": "alice", "password": PASSWORD}))
+    credentials.chmod(0o600)
+    run = partial(asyncio.to_thread, _cli, install, credentials)
+    history = await run("history", "vm", "web", "-n", "tenant-a", "-o", "json")
+    assert history.returncode == 0, history.stderr
+    assert [e["sequence"] for e in json.loads(history.stdout)] == install.applied["tenant-a"]
+    past = await run("get", "vm", "-A", "--at", str(install.applied["tenant-b"][-1]),
+                     "-o", "json")
+    assert past.returncode == 0, past.stderr
+    assert [v["metadata"]["namespace"] for v in json.loads(past.stdout)["items"]] == [
+        "tenant-a"]
+    refused = await run("history", "vm", "web", "-n", "tenant-b")
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error: forbidden: User 'alice' cannot get resource")
