@@ -21,7 +21,7 @@ import msgspec
 import yaml
 from nats.errors import NoRespondersError, NoServersError
 
-from controlplane.client import CLUSTER_SCOPED, Client, CommandRejected
+from controlplane.client import Client, CommandRejected
 from controlplane.context import resolve
 from controlplane.defaults import TEST_DRIVER_URI
 from controlplane.node_commands import TaintKey
@@ -37,14 +37,14 @@ from events.connect import (
     shown,
 )
 from events.directget import read_all, sequence
-from events.errors import InvalidSpec, NotFound
+from events.errors import Forbidden, InvalidSpec, NotFound
 from events.logs import configure
 from events.messages import SimReply, SimRequest
 from events.policy import resource_of
-from events.subjects import DEFAULT_PREFIX, decode_token, split_aggregate_id
+from events.subjects import DEFAULT_PREFIX, decode_token
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY
 from projections.instancetype import INSTANCETYPE_KINDS
-from projections.query import resolve_kind
+from projections.query import CLUSTER_SCOPED, resolve_kind
 
 Handler = Callable[[argparse.Namespace, Client], Coroutine[Any, Any, int]]
 
@@ -139,7 +139,7 @@ async def cmd_apply(args: argparse.Namespace, vb: Client) -> int:
         try:
             await vb.get(kind, scope(kind, meta.get("namespace", "")), meta.get("name", ""))
             before[id(doc)] = True
-        except (NotFound, RuntimeError):
+        except (NotFound, Forbidden, RuntimeError):  # the command's own outcome decides
             before[id(doc)] = False
     outcomes = await vb.apply(*docs)
     for doc, outcome in zip(docs, outcomes, strict=True):
@@ -209,17 +209,15 @@ async def cmd_watch(args: argparse.Namespace, vb: Client) -> int:
     async for change in vb.watch(kind, namespace, args.name or "", since=args.since):
         obj = change.object or {}
         if args.output == "json":
-            line = {"sequence": change.sequence, "event": change.event.TYPE,
-                    "time": change.event.timestamp.isoformat(), "actor": change.event.actor,
-                    "object": obj}
+            line = {"sequence": change.sequence, "event": change.type,
+                    "time": change.time.isoformat(), "actor": change.actor, "object": obj}
             print(json.dumps(line), flush=True)
             continue
         status = obj.get("status", {})
         state = status.get("printableStatus") or status.get("phase") or (
             "deleted" if not obj else "")
-        _, _, name = split_aggregate_id(change.event.originator_id)
-        print(f"{change.sequence:>8}  {change.event.timestamp:%H:%M:%S}  {name:<20} "
-              f"{change.event.TYPE:<40} {state}", flush=True)
+        print(f"{change.sequence:>8}  {change.time:%H:%M:%S}  {change.name:<20} "
+              f"{change.type:<40} {state}", flush=True)
     return 0
 
 
@@ -670,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e.field}: {e.rule}", file=sys.stderr)
     except CommandRejected as e:
         print(f"error: {e}", file=sys.stderr)
-    except NotFound as e:
+    except (NotFound, Forbidden) as e:
         print(f"error: {e}", file=sys.stderr)
     except Unreachable as e:  # before OSError, its base
         print(f"error: {e}", file=sys.stderr)

@@ -4,8 +4,12 @@ point in the past), watch status streams, and read an object's audit history.
     async with await Client.connect("nats://127.0.0.1:4222") as vb:
         [outcome] = await vb.apply(manifest)
         vm = await vb.get("VirtualMachine", "default", "web", after=outcome.sequences[-1])
-        async for change in vb.watch("VirtualMachine", "web", since=1):
-            print(change.sequence, change.event.TYPE, change.object["status"])
+        async for change in vb.watch("VirtualMachine", "default", "web", since=1):
+            print(change.sequence, change.type, change.object["status"])
+
+Every read goes through the read service, which answers as this client's user may see it
+(`projections.service.PolicySight`): the same for an operator as for a person limited to
+one namespace, who may not read the event log itself.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import getpass
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
-from typing import Any, Final, Self
+from typing import Any, Final, Self, TypeVar
 
 import jsonpatch
 import msgspec
@@ -27,18 +31,13 @@ from nats.js.kv import KeyValue
 from controlplane.defaults import COMMAND_AWAIT_TIMEOUT_SECONDS
 from controlplane.node_commands import LabelBody, TaintBody, TaintKey
 from controlplane.replicaset.commands import ScaleBody
-from events.api.hco_defaults import KIND as HCO_API_KIND
-from events.api.instancetype import CLUSTER_KINDS
 from events.api.manifest import decode_object
-from events.api.replicaset import PRESET, REPLICA_SET
+from events.api.replicaset import REPLICA_SET
 from events.api.scheduling import Taint
 from events.codec import Event
 from events.connect import Access, connect, url_user
-from events.directget import last_on, read_all, sequence
-from events.errors import InvalidSpec, NotFound
-from events.hco import HCO_KIND, OPERAND_TOKENS
-from events.instancetype import KIND_TOKENS as INSTANCETYPE_TOKENS
-from events.instancetype import REVISION_KIND, REVISION_TOKEN
+from events.directget import last_on, sequence
+from events.errors import Forbidden, InvalidSpec, NotFound
 from events.messages import (
     Command,
     Outcome,
@@ -47,26 +46,29 @@ from events.messages import (
     outcome_key,
     recorded_outcome,
 )
-from events.migration import MIGRATION_KIND
-from events.nodes import NODE_KIND
-from events.preset import PRESET_KIND
-from events.query import Query, ask
-from events.replicaset import REPLICA_SET_KIND
-from events.subjects import DEFAULT_PREFIX, Layout, aggregate_id, split_aggregate_id
+from events.query import (
+    FORBIDDEN,
+    Answer,
+    Change,
+    HistoryAnswer,
+    HistoryEntry,
+    HistoryQuery,
+    Query,
+    Verb,
+    WatchAnswer,
+    WatchQuery,
+    ask_verb,
+)
+from events.subjects import DEFAULT_PREFIX, Layout
 from events.transient import retry_within
-from events.vm import VM_KIND, VMI_KIND
 from projections.cluster import ClusterState
 from projections.eviction import DrainProgress, drain_progress
-from projections.follower import follow, read_event, start_sequence_at
-from projections.service import render, render_view
+from projections.follower import follow, read_event
+from projections.query import KIND_TOKENS
 
-KIND_TOKENS = {"VirtualMachine": VM_KIND, "VirtualMachineInstance": VMI_KIND, "Node": NODE_KIND,
-               "VirtualMachineInstanceMigration": MIGRATION_KIND, HCO_API_KIND: HCO_KIND,
-               **OPERAND_TOKENS, **INSTANCETYPE_TOKENS, REVISION_KIND: REVISION_TOKEN,
-               PRESET: PRESET_KIND, REPLICA_SET: REPLICA_SET_KIND}
-CLUSTER_SCOPED = frozenset({"Node", HCO_API_KIND, *OPERAND_TOKENS, *CLUSTER_KINDS})
-"""Kinds whose aggregates are cluster-scoped: their namespace is not part of the id."""
+__all__ = ["Change", "Client", "CommandRejected", "HistoryEntry"]
 
+A = TypeVar("A", Answer, HistoryAnswer, WatchAnswer)
 
 _decode_outcome = msgspec.msgpack.Decoder(Outcome).decode
 
@@ -88,26 +90,6 @@ class CommandRejected(Exception):
         self.outcome = outcome
         where = f"{outcome.field}: " if outcome.field else ""
         super().__init__(f"{where}{outcome.reason}")
-
-
-class Change(msgspec.Struct, frozen=True):
-    """One step of a status stream: the event and the object as it stood after it."""
-
-    sequence: int
-    event: Event
-    object: dict[str, Any] | None
-
-
-class HistoryEntry(msgspec.Struct, frozen=True):
-    sequence: int
-    time: str
-    actor: str
-    type: str
-    command_id: str
-    correlation_id: str
-    changes: list[dict[str, Any]]
-    object: str = ""
-    """The aggregate (`kind.namespace.name`), where entries span objects."""
 
 
 async def _quiet(_error: Exception) -> None:
@@ -309,14 +291,21 @@ class Client:
 
     # -- reads -------------------------------------------------------------------------
 
+    async def _ask(self, verb: Verb, query: msgspec.Struct, answer: type[A]) -> A:
+        """The read service's answer; its refusal raised (`Forbidden` for the policy's)."""
+        got = await retry_within(
+            lambda: ask_verb(self.nc, self.layout, self.actor, verb, query, answer=answer),
+            "asking the read service", RETRY_WITHIN_SECONDS)
+        if got.reason == FORBIDDEN:
+            raise Forbidden(got.error)
+        if got.error:
+            raise RuntimeError(f"read service: {got.error}")
+        return got
+
     async def query(self, kind: str, namespace: str = "", name: str = "",
                     after: int = 0) -> list[dict[str, Any]]:
         query = Query(kind=kind, namespace=namespace, name=name, after=after)
-        answer = await retry_within(lambda: ask(self.nc, self.layout, query, self.actor),
-                                    "asking the read service", RETRY_WITHIN_SECONDS)
-        if answer.error:
-            raise RuntimeError(f"read service: {answer.error}")
-        return answer.items
+        return (await self._ask("get", query, Answer)).items
 
     async def get(self, kind: str, namespace: str, name: str, after: int = 0) -> dict[str, Any]:
         items = await self.query(kind, namespace, name, after)
@@ -325,82 +314,57 @@ class Client:
             raise NotFound(f'{kind.lower()} "{where}" not found')
         return items[0]
 
-    async def state_at(self, at: int | datetime) -> ClusterState:
-        """The whole cluster as it stood at a sequence or an instant, rebuilt from the log."""
-        stop = at if isinstance(at, int) else await start_sequence_at(self.nc, self.layout,
-                                                                      at) - 1
-        state = ClusterState()
-        for msg in await read_all(self.nc, self.layout.events_stream,
-                                  self.layout.events_filter(), stop=stop):
-            event = read_event(msg, on_skip=state.skip)  # one this version cannot read: None
-            if event is not None:
-                state.apply(event, sequence(msg))
-        return state
-
     async def query_at(self, at: int | datetime, kind: str, namespace: str = "",
                        name: str = "") -> list[dict[str, Any]]:
-        state = await self.state_at(at)
-        return render(state, Query(kind=kind, namespace=namespace, name=name))
+        """Objects as they stood at a sequence or an instant (the read service rebuilds them
+        from the log)."""
+        query = Query(kind=kind, namespace=namespace, name=name, at=at)
+        return (await self._ask("get", query, Answer)).items
 
     async def watch(self, kind: str, namespace: str = "", name: str = "",
                     since: int | datetime | None = None) -> AsyncIterator[Change]:
         """Changes to matching objects: replayed from `since` (a sequence or a time), or
-        from now when `since` is None, then live."""
-        first = await self._first(since)
-        state = ClusterState()
-        token = KIND_TOKENS[kind]
-        queue: asyncio.Queue[Change] = asyncio.Queue()
-
-        async def on_event(seq: int, event: Event) -> None:
-            view = state.apply(event, seq)
-            if seq < first or view is None:
-                return
-            view_kind, _, id_name = split_aggregate_id(event.originator_id)
-            if view_kind != token:
-                return
-            meta = getattr(view, "metadata", None)
-            obj_name = meta.name if meta is not None else id_name
-            obj_ns = meta.namespace if meta is not None else ""
-            if (name and obj_name != name) or (namespace and obj_ns != namespace):
-                return
-            await queue.put(Change(seq, event, render_view(state, view)))
-
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(follow(self.nc, self.layout, on_event, stop=stop))
-        try:
-            while True:
-                getter = asyncio.ensure_future(queue.get())
-                done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                if getter in done:
-                    yield getter.result()
-                else:
-                    getter.cancel()
-                    task.result()
-                    return
-        finally:
-            stop.set()
-            await task
+        from now when `since` is None, then live: page after page, each starting where the
+        last ended, so none is missed or shown twice."""
+        position: int | datetime | None = since
+        while True:
+            page = await self._ask("watch", WatchQuery(kind=kind, namespace=namespace,
+                                                       name=name, since=position), WatchAnswer)
+            for change in page.changes:
+                yield change
+            position = page.next
 
     async def drain_progress(self, node: str) -> AsyncIterator[DrainProgress]:
         """How a node's drain goes, from now (the log replayed up to its end first) until it
-        is over: a new value each time what it still holds changes."""
-        caught_up = int((await self.js.stream_info(self.layout.events_stream)).state.last_seq)
+        is over: a new value each time what it still holds changes. It reads the log
+        directly: who may drain (patch nodes) is a cluster-wide operator."""
         state = ClusterState()
         queue: asyncio.Queue[DrainProgress] = asyncio.Queue()
         last: DrainProgress | None = None
+        live = False
 
-        async def on_event(seq: int, event: Event) -> None:
+        async def report() -> None:
             nonlocal last
-            state.apply(event, seq)
-            if seq < caught_up:
-                return
             progress = drain_progress(state, node)
             if progress != last:
                 last = progress
                 await queue.put(progress)
 
+        async def on_event(seq: int, event: Event) -> None:
+            state.apply(event, seq)
+            if live:
+                await report()
+
+        async def on_caught_up() -> None:
+            # The log's end may be a message no reader folds (a read guard): report where
+            # the replay ended, not at its last event.
+            nonlocal live
+            live = True
+            await report()
+
         stop = asyncio.Event()
-        task = asyncio.ensure_future(follow(self.nc, self.layout, on_event, stop=stop))
+        task = asyncio.ensure_future(follow(self.nc, self.layout, on_event,
+                                            on_caught_up=on_caught_up, stop=stop))
         try:
             while True:
                 getter = asyncio.ensure_future(queue.get())
@@ -417,55 +381,18 @@ class Client:
             stop.set()
             await task
 
-    async def _first(self, since: int | datetime | None) -> int:
-        if since is None:
-            last = await self.js.stream_info(self.layout.events_stream)
-            return int(last.state.last_seq) + 1
-        if isinstance(since, int):
-            return since
-        return await start_sequence_at(self.nc, self.layout, since)
-
     async def correlated(self, correlation_id: str) -> list[HistoryEntry]:
-        """Every event one request caused, across objects, in log order: a drain's cordon,
-        its migrations and evictions, and their VMIs' moves. (A scan of the log.)"""
-        msgs = await read_all(self.nc, self.layout.events_stream, self.layout.events_filter())
-        out: list[HistoryEntry] = []
-        for msg in msgs:
-            event = read_event(msg)
-            if event is None or event.correlation_id != correlation_id:
-                continue
-            out.append(HistoryEntry(
-                sequence=sequence(msg), time=event.timestamp.isoformat(), actor=event.actor,
-                type=event.TYPE, command_id=event.causation_id,
-                correlation_id=event.correlation_id, changes=[],
-                object=str(event.originator_id)))
-        return out
+        """Every event one request caused, across the objects this user may read, in log
+        order: a drain's cordon, its migrations and evictions, and their VMIs' moves."""
+        query = HistoryQuery(correlation=correlation_id)
+        return (await self._ask("history", query, HistoryAnswer)).entries
 
     async def history(self, kind: str, namespace: str, name: str) -> list[HistoryEntry]:
         """Every event of one object, with who caused it and what changed (a JSON Patch of
-        the object before and after)."""
-        token = KIND_TOKENS[kind]
-        agg = aggregate_id(token, "" if kind in CLUSTER_SCOPED else namespace, name)
-        msgs = await read_all(self.nc, self.layout.events_stream,
-                              self.layout.aggregate_subject(agg))
-        if not msgs:
+        the object before and after, cloud-init secrets redacted unless this user may
+        change the object)."""
+        query = HistoryQuery(kind=kind, namespace=namespace, name=name)
+        entries = (await self._ask("history", query, HistoryAnswer)).entries
+        if not entries:
             raise NotFound(f'{kind.lower()} "{namespace}/{name}" has no history')
-        state = ClusterState()
-        before: dict[str, Any] = {}
-        out: list[HistoryEntry] = []
-        for msg in msgs:
-            event = read_event(msg, on_skip=state.skip)  # one this version cannot read: None
-            if event is None:
-                continue
-            view = state.apply(event, sequence(msg))
-            if view is None:
-                continue
-            after = render_view(state, view) or {}
-            after.get("metadata", {}).pop("resourceVersion", None)
-            patch = jsonpatch.make_patch(before, after).patch
-            out.append(HistoryEntry(
-                sequence=sequence(msg), time=event.timestamp.isoformat(), actor=event.actor,
-                type=event.TYPE, command_id=event.causation_id,
-                correlation_id=event.correlation_id, changes=patch))
-            before = after
-        return out
+        return entries

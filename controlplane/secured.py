@@ -1,7 +1,8 @@
 """`virtbus up --secure`: everything a secured single-machine installation needs, made once in
 `<data dir>/secure/` and kept (0600/0700): a CA and the server's TLS certificate, one NATS
 identity (a random password in a credentials file) per role, per node agent and per person
-the policy binds, the policy itself, and the nats-server authorization it all renders to.
+the policy binds, a bearer token per person for the HTTP read API, the policy itself, and
+the nats-server authorization it all renders to.
 
 Each process gets only its own credentials file and the CA (paths, never secrets, on its
 command line); the person who ran `up` gets the operator's, through the context file.
@@ -9,6 +10,8 @@ command line); the person who ran `up` gets the operator's, through the context 
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import secrets
 from pathlib import Path
@@ -26,7 +29,7 @@ from events.authorization import (
     users_for,
 )
 from events.connect import Credentials
-from events.policy import load_policy
+from events.policy import Policy, load_policy
 from events.server import ServerTLS
 from events.subjects import Layout
 from events.tls import CertFiles, load_ca, make_ca, make_server_cert
@@ -50,6 +53,8 @@ subjects:
     name: {OPERATOR_USER}
 """
 PASSWORD_BYTES: Final = 24
+HTTP_TOKENS: Final = "http-tokens.csv"
+"""The HTTP read API's token file (kube-apiserver's `--token-auth-file` format)."""
 
 
 class Secured(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,6 +66,7 @@ class Secured(msgspec.Struct, frozen=True, kw_only=True):
     policy: str
     server_config: str
     """The authorization block (passwords inside): the server's config, written 0600."""
+    http_tokens: str
 
     def credentials(self, user: str) -> str:
         return str(Path(self.directory) / "credentials" / f"{user}.json")
@@ -97,13 +103,28 @@ def secure(data_dir: Path, layout: Layout, nodes: list[str], policy: Path | None
         _write_private(policy_path, DEFAULT_POLICY)
     ca = load_ca(directory / "ca") or make_ca(directory / "ca")
     server = _server_cert(ca, directory / "server")
-    users = users_for(layout, load_policy(policy_path), nodes)
+    rules = load_policy(policy_path)
+    users = users_for(layout, rules, nodes)
     passwords = {user.name: _password(directory, user) for user in users}
     passwords["sys"] = secrets.token_urlsafe(PASSWORD_BYTES)  # nobody logs in as sys here
     return Secured(directory=str(directory), ca=ca.cert,
                    server=ServerTLS(cert=server.cert, key=server.key, ca=ca.cert),
                    policy=str(policy_path),
-                   server_config=render(users, account=layout.upper, passwords=passwords))
+                   server_config=render(users, account=layout.upper, passwords=passwords),
+                   http_tokens=str(_http_tokens(directory / HTTP_TOKENS, rules)))
+
+
+def _http_tokens(path: Path, policy: Policy) -> Path:
+    """A bearer token per person the policy binds (`token,user,uid`), those already made
+    kept, so restarting `up` changes no token."""
+    tokens = {row[1]: row[0] for row in csv.reader(path.read_text().splitlines())
+              if len(row) >= 2} if path.exists() else {}
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for user in policy.users:
+        writer.writerow([tokens.get(user) or secrets.token_urlsafe(PASSWORD_BYTES), user, user])
+    _write_private(path, out.getvalue())
+    return path
 
 
 def _server_cert(ca: CertFiles, directory: Path) -> CertFiles:

@@ -96,6 +96,7 @@ def children(opts: UpOptions, url: str, logs: Path, http_port: int,
                                "--node-grace", str(opts.node_grace_seconds)], logs),
         Child("projections", ["-m", "projections", "run", *common,
                               *login(secured.projections if secured else ""), *decides,
+                              *(["--token-auth-file", secured.http_tokens] if secured else []),
                               "--listen", f"127.0.0.1:{http_port}"], logs),
     ]
     for node in node_names(opts):
@@ -144,7 +145,8 @@ def up(opts: UpOptions) -> int:
     path = write_context(Context(nats_url=url, prefix=opts.prefix, data_dir=str(opts.data_dir),
                                  credentials=secured.operator if secured else "",
                                  ca=secured.ca if secured else ""))
-    security = (f"TLS, you are {OPERATOR_USER!r}, policy {secured.policy}" if secured
+    security = (f"TLS, you are {OPERATOR_USER!r}, policy {secured.policy}, HTTP bearer "
+                f"tokens in {secured.http_tokens}" if secured
                 else "open: no TLS, no identities, every user may do everything")
     print(f"virtbus is up\n  NATS:      {url} (prefix {opts.prefix})\n"
           f"  security:  {security}\n"

@@ -35,7 +35,7 @@ from typing import Final, Literal
 import msgspec
 
 from events.errors import InvalidSpec
-from events.messages import node_actor
+from events.messages import SYSTEM_ACTOR_PREFIX, node_actor
 from events.policy import KUBEVIRT_GROUP, Policy, Request, load_policy
 from events.query import query_subject
 from events.streams import reads_direct
@@ -271,7 +271,8 @@ def node_agent(layout: Layout, node: str) -> NatsUser:
 def users_for(layout: Layout, policy: Policy, nodes: Iterable[str]) -> list[NatsUser]:
     """Every NATS user of an installation: the roles, each person the policy binds, each node."""
     people = []
-    for user in policy.users:
+    # Kubernetes' own users (`system:anonymous`, bound for the HTTP API) log in to no NATS.
+    for user in (u for u in policy.users if not u.startswith(SYSTEM_ACTOR_PREFIX)):
         if not DNS1123_LABEL.fullmatch(user) or user in ROLE_USERS \
                 or user.startswith(NODE_USER_PREFIX):
             raise InvalidSpec(f"subjects[{user!r}]", "a user name must be a DNS-1123 label "

@@ -24,5 +24,9 @@ class NotFound(VirtbusError, LookupError):
     """The named object does not exist."""
 
 
+class Forbidden(VirtbusError, PermissionError):
+    """The policy does not let this user do or read that (Kubernetes' Forbidden)."""
+
+
 class Conflict(VirtbusError):
     """The object changed under the writer; retry from fresh state."""

@@ -51,14 +51,30 @@ class Request(msgspec.Struct, frozen=True):
                 f'"{self.group}"{where}')
 
 
+class PathRequest(msgspec.Struct, frozen=True):
+    """An access to a path that is no resource (`/metrics`), granted by `nonResourceURLs`
+    rules, which only a ClusterRoleBinding grants (they have no namespace)."""
+
+    verb: str
+    path: str
+
+    def __str__(self) -> str:
+        return f'cannot {self.verb} path "{self.path}"'
+
+
 class PolicyRule(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     verbs: list[str]
     api_groups: list[str] = []
     resources: list[str] = []
     resource_names: list[str] = []
+    non_resource_urls: list[str] = msgspec.field(default_factory=list, name="nonResourceURLs")
 
-    def grants(self, request: Request) -> bool:
-        return (_matches(self.verbs, request.verb) and _matches(self.api_groups, request.group)
+    def grants(self, request: Request | PathRequest) -> bool:
+        if not _matches(self.verbs, request.verb):
+            return False
+        if isinstance(request, PathRequest):
+            return any(_url_matches(url, request.path) for url in self.non_resource_urls)
+        return (_matches(self.api_groups, request.group)
                 and _matches(self.resources, request.resource) and not self.resource_names)
 
 
@@ -139,8 +155,11 @@ def _kubevirt_writer(name: str, verbs: list[str]) -> ClusterRole:
 
 BUILTIN_CLUSTER_ROLES: Final = {
     role.metadata.name: role for role in (
-        _cluster_role("cluster-admin", PolicyRule(api_groups=[WILDCARD],
-                                                  resources=[WILDCARD], verbs=[WILDCARD])),
+        _cluster_role("cluster-admin",
+                      PolicyRule(api_groups=[WILDCARD], resources=[WILDCARD], verbs=[WILDCARD]),
+                      PolicyRule(non_resource_urls=[WILDCARD], verbs=[WILDCARD])),
+        _cluster_role("system:monitoring",
+                      PolicyRule(non_resource_urls=["/metrics"], verbs=["get"])),
         _kubevirt_writer("kubevirt.io:admin", _ALL_VERBS),
         _kubevirt_writer("kubevirt.io:edit", _ALL_VERBS[:-1]),
         _cluster_role("kubevirt.io:view",
@@ -149,8 +168,9 @@ BUILTIN_CLUSTER_ROLES: Final = {
                                  verbs=["get", "list", "watch"])),
     )
 }
-"""Kubernetes' `cluster-admin` and KubeVirt's aggregated default roles (virt-operator's
-`rbac/cluster.go`): view reads, edit also writes and acts, admin also deletes collections."""
+"""Kubernetes' `cluster-admin` and `system:monitoring` (scrapes `/metrics`), and KubeVirt's
+aggregated default roles (virt-operator's `rbac/cluster.go`): view reads, edit also writes
+and acts, admin also deletes collections."""
 
 _GROUPS: Final = {
     "VirtualMachine": (KUBEVIRT_GROUP, "virtualmachines"),
@@ -240,9 +260,10 @@ class Policy:
         """Every user some binding names: the NATS identities a secured install needs."""
         return sorted({s.name for b in self.bindings for s in b.subjects})
 
-    def allows(self, user: str, request: Request) -> bool:
+    def allows(self, user: str, request: Request | PathRequest) -> bool:
+        namespace = request.namespace if isinstance(request, Request) else ""
         return not self.enforced or any(
-            rule.grants(request) for rule in self._rules_for(user, request.namespace))
+            rule.grants(request) for rule in self._rules_for(user, namespace))
 
     def namespaces(self, user: str, verb: str, group: str, resource: str) -> set[str] | None:
         """Where `user` may `verb` the resource: None for everywhere (a cluster-wide grant),
@@ -269,6 +290,11 @@ class Policy:
                                   else (scope, ref.name))
             if role is not None:
                 yield from role.rules
+
+
+def _url_matches(url: str, path: str) -> bool:
+    """Kubernetes' nonResourceURLs: the path itself, `*`, or a prefix ending in `*`."""
+    return url == path or (url.endswith(WILDCARD) and path.startswith(url[:-1]))
 
 
 def _matches(allowed: list[str], value: str) -> bool:

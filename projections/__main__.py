@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from events.connect import NATS_FAILURES, access_from_args, add_arguments, stopped_by
@@ -10,7 +11,10 @@ from events.errors import InvalidSpec
 from events.logs import configure
 from events.policy import add_policy_argument, load_policy
 from events.subjects import Layout
+from projections.http import StaticTokens
 from projections.service import run
+
+TOKEN_FILE_ENV = "VIRTBUS_TOKEN_AUTH_FILE"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,11 +24,16 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(p)
     p.add_argument("--listen", metavar="HOST:PORT",
                    help="also serve the HTTP read API and /metrics here (e.g. 0.0.0.0:8080)")
+    p.add_argument("--token-auth-file", metavar="FILE", default=os.environ.get(TOKEN_FILE_ENV),
+                   help="bearer tokens of the HTTP API: CSV token,user,uid[,\"groups\"] as "
+                        "kube-apiserver's (env VIRTBUS_TOKEN_AUTH_FILE); without one, "
+                        "every request is system:anonymous")
     add_policy_argument(p)
     args = parser.parse_args(argv)
     configure()
     try:
         policy = load_policy(args.policy)
+        tokens = StaticTokens.load(args.token_auth_file) if args.token_auth_file else None
     except InvalidSpec as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -33,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         host, _, port = args.listen.rpartition(":")
         listen = (host or "0.0.0.0", int(port))
     try:
-        run(access_from_args(args), Layout(args.prefix), listen, policy)
+        run(access_from_args(args), Layout(args.prefix), listen, policy, tokens)
     except NATS_FAILURES as e:  # a malformed URL; NATS lost past what the service rides out
         return stopped_by(e)
     return 0

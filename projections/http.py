@@ -15,13 +15,21 @@
 
 Read-only, GET only; a miss is a Kubernetes `Status` object with code 404. aiohttp serves
 it (the maintained asyncio HTTP server); `respond` is the whole API, a pure function.
+
+Who asks is who a bearer token names, from a static token file in Kubernetes' own format
+(kube-apiserver's `--token-auth-file`); no token is `system:anonymous`, a token the file
+does not hold is 401. Every answer is what the policy shows that user; `/metrics` needs a
+`get` of that path (a `nonResourceURLs` rule: `cluster-admin`, `system:monitoring`).
 """
 
 from __future__ import annotations
 
+import csv
+import hashlib
 import json
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Final, Protocol
 
 import structlog
 from aiohttp import web
@@ -34,6 +42,8 @@ from events.api.instancetype import (
     PREFERENCE,
 )
 from events.api.replicaset import PRESET, REPLICA_SET
+from events.errors import InvalidSpec
+from events.policy import PathRequest, Policy
 from events.query import Query
 from projections.cluster import ClusterState
 from projections.hco import METRICS_QUERY
@@ -44,6 +54,71 @@ Render = Callable[[ClusterState, Query], list[dict[str, Any]]]
 ProcessMetrics = Callable[[], bytes]
 """The serving process's own counters (Prometheus text): not functions of the log, so kept
 out of the log's metrics and appended only to what `/metrics` scrapes."""
+ANONYMOUS: Final = "system:anonymous"
+"""Who asks without a token: what Kubernetes calls an unauthenticated request."""
+METRICS_PATH: Final = "/metrics"
+UNAUTHORIZED: Final = "unauthorized"
+"""A `refuse` reason: a bearer token the token file does not hold (or no bearer token)."""
+FORBIDDEN_PATH: Final = "forbidden_path"
+"""A `refuse` reason: a path the policy does not let the user get (`/metrics`)."""
+
+
+class Reader(Protocol):
+    """What the HTTP API serves from (`projections.service.ReadService`)."""
+
+    policy: Policy
+
+    def render(self, state: ClusterState, query: Query, asker: str) -> list[dict[str, Any]]:
+        """What `query` names, as `asker` may see it."""
+
+    def process_metrics(self) -> bytes: ...
+
+    def refuse(self, reason: str, **detail: str) -> None:
+        """Count and log a refusal."""
+
+
+class StaticTokens:
+    """Bearer tokens and the users they stand for, from Kubernetes' static token file: CSV
+    lines `token,user,uid[,"group1,group2"]` (the policy binds users, so uid and groups are
+    read past). Tokens are kept as digests, and looked up by digest."""
+
+    def __init__(self, users: dict[bytes, str]) -> None:
+        self.users = users
+
+    @classmethod
+    def load(cls, path: str | Path) -> StaticTokens:
+        """The file's tokens; an unreadable or malformed file is `InvalidSpec` naming the
+        line (never the token)."""
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise InvalidSpec(str(path), f"cannot read the token file: {e.strerror or e}"
+                              ) from None
+        users: dict[bytes, str] = {}
+        for number, row in enumerate(csv.reader(text.splitlines()), start=1):
+            if not row or not "".join(row).strip():
+                continue
+            if len(row) < 3 or not row[0] or not row[1]:
+                raise InvalidSpec(f"{path}:{number}", "must be token,user,uid[,\"groups\"]")
+            digest = _digest(row[0])
+            if digest in users:
+                raise InvalidSpec(f"{path}:{number}", "a token given twice")
+            users[digest] = row[1]
+        return cls(users)
+
+    def user(self, authorization: str | None) -> str | None:
+        """Who an `Authorization` header names: `ANONYMOUS` for none, None for a token this
+        file does not hold (or anything but a bearer token)."""
+        if authorization is None:
+            return ANONYMOUS
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return self.users.get(_digest(token.strip()))
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
 RESOURCES = {"virtualmachines": "VirtualMachine",
              "virtualmachineinstances": "VirtualMachineInstance", "nodes": "Node",
              "virtualmachineinstancereplicasets": REPLICA_SET,
@@ -119,13 +194,25 @@ def _status(code: int, reason: str, message: str) -> tuple[int, str, bytes]:
     return code, "application/json", json.dumps(body).encode()
 
 
-async def serve(state: ClusterState, render: Render, host: str, port: int,
-                process_metrics: ProcessMetrics = bytes) -> web.AppRunner:
+async def serve(state: ClusterState, reader: Reader, host: str, port: int,
+                tokens: StaticTokens | None = None) -> web.AppRunner:
     """Serve until the returned runner is cleaned up (`await runner.cleanup()`). aiohttp does
-    the HTTP; every path is answered by `respond`, any method but GET is 405."""
+    the HTTP; every path is answered by `respond` as the token's user sees it (without a
+    token file, any token is unknown), any method but GET is 405."""
+    known = tokens or StaticTokens({})
 
     async def get(request: web.Request) -> web.Response:
-        code, ctype, body = respond(state, render, request.path, process_metrics)
+        user = known.user(request.headers.get("Authorization"))
+        if user is None:
+            reader.refuse(UNAUTHORIZED, path=request.path)
+            code, ctype, body = _status(401, "Unauthorized", "Unauthorized")
+        elif request.path == METRICS_PATH and not reader.policy.allows(
+                user, access := PathRequest("get", METRICS_PATH)):
+            reader.refuse(FORBIDDEN_PATH, path=request.path, user=user)
+            code, ctype, body = _status(403, "Forbidden", f"forbidden: User {user!r} {access}")
+        else:
+            code, ctype, body = respond(state, lambda s, q: reader.render(s, q, user),
+                                        request.path, reader.process_metrics)
         return web.Response(status=code, body=body, headers={"Content-Type": ctype})
 
     async def refuse(_request: web.Request) -> web.Response:

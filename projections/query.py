@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from typing import Final
 
+from events.api.hco_defaults import KIND as HCO_API_KIND
+from events.api.instancetype import CLUSTER_KINDS
+from events.api.replicaset import PRESET, REPLICA_SET
 from events.errors import InvalidSpec
+from events.hco import HCO_KIND, OPERAND_TOKENS
+from events.instancetype import KIND_TOKENS as INSTANCETYPE_TOKENS
+from events.instancetype import REVISION_KIND, REVISION_TOKEN
+from events.migration import MIGRATION_KIND
+from events.nodes import NODE_KIND
+from events.preset import PRESET_KIND
+from events.replicaset import REPLICA_SET_KIND
+from events.vm import VM_KIND, VMI_KIND
 
 KINDS: Final = {
     "VirtualMachine": ("vm", "vms", "virtualmachine", "virtualmachines"),
@@ -46,3 +57,14 @@ def resolve_kind(text: str) -> str:
             return kind
     names = ", ".join(a[0] for a in KINDS.values())
     raise InvalidSpec("kind", f"must be one of {names} (or their full names), not {text!r}")
+
+
+KIND_TOKENS: Final = {
+    "VirtualMachine": VM_KIND, "VirtualMachineInstance": VMI_KIND, "Node": NODE_KIND,
+    "VirtualMachineInstanceMigration": MIGRATION_KIND, HCO_API_KIND: HCO_KIND,
+    **OPERAND_TOKENS, **INSTANCETYPE_TOKENS, REVISION_KIND: REVISION_TOKEN,
+    PRESET: PRESET_KIND, REPLICA_SET: REPLICA_SET_KIND}
+"""Each kind's token in aggregate ids and subjects."""
+TOKEN_KINDS: Final = {token: kind for kind, token in KIND_TOKENS.items()}
+CLUSTER_SCOPED: Final = frozenset({"Node", HCO_API_KIND, *OPERAND_TOKENS, *CLUSTER_KINDS})
+"""Kinds whose aggregates are cluster-scoped: their namespace is not part of the id."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from datetime import UTC, datetime
 from typing import Any, Final
 
 import msgspec
@@ -17,31 +16,30 @@ from nats.errors import Error as NatsError
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from events.aio import unless_stopped
-from events.api.resources import ClusterTuning
 from events.codec import Event
 from events.connect import Access, connect_unless_stopped, shown
 from events.messages import NODE_ACTOR_PREFIX
 from events.policy import Policy, Request, resource_of
-from events.query import Answer, Query, queries_filter, query_asker
+from events.query import (
+    FORBIDDEN,
+    Answer,
+    HistoryAnswer,
+    HistoryQuery,
+    Query,
+    WatchAnswer,
+    WatchQuery,
+    queries_filter,
+    query_asker,
+)
 from events.streams import wait_for_streams
 from events.subjects import Layout
-from projections import http, vm_metrics
-from projections.cluster import (
-    ClusterState,
-    outdated_launcher,
-    render_node,
-    render_vm,
-    render_vmi,
-)
-from projections.follower import follow, head
-from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY, answer, cluster_tuning
-from projections.hco import render_view as render_hco_view
-from projections.instancetype import INSTANCETYPE_KINDS, ControllerRevisionView, InstancetypeView
-from projections.instancetype import of_kind as instancetype_objects
-from projections.instancetype import render as render_instancetype
-from projections.migration import MigrationView, render_migration
-from projections.replicaset import PresetView, ReplicaSetView, render_preset, render_replica_set
-from projections.views import NodeView, View, VirtualMachineInstanceView, VirtualMachineView
+from projections import audit, http
+from projections.cluster import ClusterState
+from projections.follower import follow, head, start_sequence_at
+from projections.hco import ALERTS_QUERY, METRICS_QUERY
+from projections.http import ANONYMOUS, StaticTokens
+from projections.query import CLUSTER_SCOPED, KIND_TOKENS
+from projections.rendering import render
 
 log = structlog.get_logger(__name__)
 
@@ -56,98 +54,15 @@ QUERIES_REFUSED: Final = "virtbus_read_queries_refused"
 """Counter (Prometheus adds `_total`) of queries left unanswered, by `reason`."""
 NO_REPLY: Final = "no_reply"
 NOT_AN_INBOX: Final = "reply_not_an_inbox"
+MALFORMED: Final = "malformed"
+"""A query that does not decode, names no kind the read side serves, or no such verb."""
+FORBIDDEN_REASON: Final = "forbidden"
+"""A query naming what the policy does not let the asker read."""
+WATCH_WAIT_SECONDS: Final = 5.0
+"""How long a `watch` page waits for a first change before it answers with none: under the
+asker's request timeout (`events.query.QUERY_TIMEOUT_SECONDS`)."""
 
 
-def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
-    """The objects a query names, in KubeVirt's JSON shape, sorted by namespace and name."""
-    out: list[dict[str, Any]] = []
-    match query.kind:
-        case "VirtualMachine":
-            for vm in state.vms():
-                meta = vm.metadata
-                if _matches(query, meta.namespace, meta.name):
-                    out.append(render_vm(vm, state.vmi(meta.namespace, meta.name)))
-        case "VirtualMachineInstance":
-            for vmi in state.vmis():
-                meta = vmi.metadata
-                if _matches(query, meta.namespace, meta.name):
-                    out.append(render_vmi(vmi, outdated=outdated_launcher(state, vmi)))
-        case "VirtualMachineInstanceMigration":
-            for migration in state.migrations():
-                meta = migration.metadata
-                if _matches(query, meta.namespace, meta.name):
-                    out.append(migration_object(state, migration))
-        case "Node":
-            tuning = cluster_tuning(state)
-            for node in state.nodes():
-                if not query.name or node.name == query.name:
-                    out.append(node_object(state, node, tuning))
-        case kind if kind in HCO_KINDS:
-            out = answer(state, kind, query.name, datetime.now(UTC))
-        case "VirtualMachineInstanceReplicaSet":
-            out = [replica_set_object(state, rs) for rs in state.replica_sets()
-                   if _matches(query, rs.metadata.namespace, rs.metadata.name)]
-        case "VirtualMachineInstancePreset":
-            out = [render_preset(p) for p in state.presets()
-                   if _matches(query, p.metadata.namespace, p.metadata.name)]
-        case kind if kind in INSTANCETYPE_KINDS:
-            out = [render_instancetype(view) for view in
-                   instancetype_objects(state.views.values(), kind)
-                   if _matches(query, view.metadata.namespace, view.metadata.name)]
-        case kind if kind == METRICS_QUERY:
-            [hco] = answer(state, kind, query.name, datetime.now(UTC))
-            return [{"text": hco["text"] + vm_metrics.exposition(state).decode()}]
-        case kind if kind == ALERTS_QUERY:
-            return answer(state, kind, query.name, datetime.now(UTC))
-    return sorted(out, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
-
-
-def node_object(state: ClusterState, node: NodeView,
-                tuning: ClusterTuning | None = None) -> dict[str, Any]:
-    """A Node with what its VMIs hold, counted as the scheduler counts it (with the cluster's
-    tuning, which a caller rendering many nodes works out once)."""
-    usage = state.node_usage(node.name, emulation=node.emulation,
-                             tuning=tuning or cluster_tuning(state))
-    return render_node(node, usage)
-
-
-def replica_set_object(state: ClusterState, rs: ReplicaSetView) -> dict[str, Any]:
-    """A replica set with the status its VMIs give it."""
-    return render_replica_set(rs, state.replicas(rs.metadata.namespace, rs.metadata.name))
-
-
-def migration_object(state: ClusterState, migration: MigrationView) -> dict[str, Any]:
-    """A migration with its VMI's migrationState, when the VMI's last migration is this."""
-    vmi = state.vmi(migration.metadata.namespace, migration.vmi_name)
-    return render_migration(migration, vmi.migration if vmi is not None else None)
-
-
-def render_view(state: ClusterState, view: View) -> dict[str, Any] | None:
-    """Any one view in its API shape (what `watch` and `history` show); None once deleted."""
-    if not view.exists:
-        return None
-    match view:
-        case VirtualMachineView():
-            meta = view.metadata
-            return render_vm(view, state.vmi(meta.namespace, meta.name))
-        case VirtualMachineInstanceView():
-            return render_vmi(view, outdated=outdated_launcher(state, view))
-        case NodeView():
-            return node_object(state, view)
-        case MigrationView():
-            return migration_object(state, view)
-        case InstancetypeView() | ControllerRevisionView():
-            return render_instancetype(view)
-        case ReplicaSetView():
-            return replica_set_object(state, view)
-        case PresetView():
-            return render_preset(view)
-    return render_hco_view(state, view)
-
-
-ANONYMOUS: Final = "system:anonymous"
-"""Who asks over HTTP (no authentication there): what Kubernetes calls an unauthenticated
-request. With a policy, the HTTP API shows only what the policy grants this user."""
 REDACTED: Final = "<redacted>"
 NODE_READABLE_KINDS: Final = ("KubeVirt",)
 """What a node agent reads besides its own VMIs: the cluster's KubeVirt configuration (CPU
@@ -156,14 +71,36 @@ SECRET_FIELDS: Final = ("userData", "userDataBase64", "networkData", "networkDat
 """Cloud-init fields that may hold passwords and keys."""
 
 
+class PolicySight:
+    """What one asker may see of one kind with one verb (`audit.Sight`): objects in the
+    namespaces the policy lets it `verb` them, cloud-init secrets only where it may also
+    change them (and so could read them back by writing them); elsewhere `<redacted>`."""
+
+    def __init__(self, policy: Policy, asker: str, kind: str, verb: str) -> None:
+        self.policy, self.asker, self.verb = policy, asker, verb
+        self.group, self.resource = resource_of(kind)
+
+    def request(self, namespace: str) -> Request:
+        return Request(self.verb, self.group, self.resource, namespace)
+
+    def may_read(self, namespace: str) -> bool:
+        return self.policy.allows(self.asker, self.request(namespace))
+
+    def show(self, item: dict[str, Any]) -> dict[str, Any] | None:
+        namespace = item.get("metadata", {}).get("namespace", "")
+        if not self.may_read(namespace):
+            return None
+        writer = self.policy.allows(self.asker, Request("patch", self.group, self.resource,
+                                                        namespace))
+        return item if writer else _redacted(item)
+
+
 def visible(policy: Policy, asker: str, query: Query,
             items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What of `items` `asker` may see: a node agent its own node's VMIs only; anyone else
-    what the policy lets it get (one object) or list, namespace by namespace. Cloud-init
-    secrets are shown only to who may change the object (and so could read them back by
-    writing them); a viewer or a node sees `<redacted>`; a node also reads the KubeVirt
-    configuration. Metrics and alerts are counts over
-    the cluster, served to all as Prometheus scrapes them."""
+    """What of `items` `asker` may see: a node agent its own node's VMIs only (secrets
+    redacted) and the KubeVirt configuration; anyone else what its `PolicySight` of a `get`
+    (one object) or `list` shows. Metrics and alerts are counts over the cluster, served to
+    all as Prometheus scrapes them."""
     if query.kind in (METRICS_QUERY, ALERTS_QUERY):
         return items
     if asker.startswith(NODE_ACTOR_PREFIX):
@@ -173,16 +110,30 @@ def visible(policy: Policy, asker: str, query: Query,
         return [_redacted(item) for item in items
                 if query.kind == "VirtualMachineInstance"
                 and item.get("status", {}).get("nodeName") == node]
-    group, resource = resource_of(query.kind)
-    verb = "get" if query.name else "list"
-    out = []
-    for item in items:
-        namespace = item.get("metadata", {}).get("namespace", "")
-        if not policy.allows(asker, Request(verb, group, resource, namespace)):
-            continue
-        writer = policy.allows(asker, Request("patch", group, resource, namespace))
-        out.append(item if writer else _redacted(item))
-    return out
+    sight = PolicySight(policy, asker, query.kind, "get" if query.name else "list")
+    return [shown for item in items if (shown := sight.show(item)) is not None]
+
+
+class Refused(Exception):
+    """A query the read service answers with an error, counted by `reason` and logged."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+def _forbid(sight: PolicySight, namespace: str) -> None:
+    """Refuse a query naming a namespace (or a cluster-scoped object) the asker may not
+    read: Kubernetes' Forbidden, not an empty answer that looks like nothing there."""
+    if not sight.may_read(namespace):
+        raise Refused(FORBIDDEN_REASON,
+                      f"forbidden: User {sight.asker!r} {sight.request(namespace)}")
+
+
+def _served_kind(kind: str) -> str:
+    if kind not in KIND_TOKENS:
+        raise Refused(MALFORMED, f"kind: no such kind {kind[:64]!r}")
+    return kind
 
 
 def _redacted(item: dict[str, Any]) -> dict[str, Any]:
@@ -203,16 +154,13 @@ def _secret_sources(spec: dict[str, Any]) -> list[dict[str, Any]]:
             if isinstance(v.get(key), dict)]
 
 
-def _matches(query: Query, namespace: str, name: str) -> bool:
-    return (not query.namespace or query.namespace == namespace) and (
-        not query.name or query.name == name)
-
-
 class ReadService:
-    def __init__(self, nc: Client, layout: Layout, policy: Policy | None = None) -> None:
+    def __init__(self, nc: Client, layout: Layout, policy: Policy | None = None,
+                 tokens: StaticTokens | None = None) -> None:
         self.nc = nc
         self.layout = layout
         self.policy = policy or Policy.open()
+        self.tokens = tokens
         self.state = ClusterState()
         self.advanced = asyncio.Condition()
         self.answering: set[asyncio.Task[None]] = set()
@@ -224,6 +172,11 @@ class ReadService:
                asker: str = ANONYMOUS) -> list[dict[str, Any]]:
         """`render`, as `asker` may see it."""
         return visible(self.policy, asker, query, render(state, query))
+
+    def refuse(self, reason: str, **detail: str) -> None:
+        """A query or HTTP request refused: counted by `reason`, and logged."""
+        self.refused.labels(reason).inc()
+        log.warning("refused a read", reason=reason, **detail)
 
     def process_metrics(self) -> bytes:
         """This process's own counters, for `/metrics` (not functions of the log)."""
@@ -247,31 +200,102 @@ class ReadService:
         up the others. A query whose reply is no inbox is refused unanswered (see
         `REPLY_PREFIXES`): counted, and logged with the subject it named."""
         if not msg.reply.startswith(REPLY_PREFIXES):
-            reason = NOT_AN_INBOX if msg.reply else NO_REPLY
-            self.refused.labels(reason).inc()
-            log.warning("refused a query: its reply subject is not an inbox",
-                        reply=msg.reply, subject=msg.subject, reason=reason)
+            self.refuse(NOT_AN_INBOX if msg.reply else NO_REPLY, reply=msg.reply,
+                        subject=msg.subject)
             return
         task = asyncio.ensure_future(self._answer(msg))
         self.answering.add(task)
         task.add_done_callback(self.answering.discard)
 
     async def _answer(self, msg: Msg) -> None:
+        """Decode by verb, answer as the asker may see it; anything refused is an answer
+        with `error` (and `reason` `FORBIDDEN` for the policy's refusals), counted and
+        logged, never a crash."""
+        asker, verb = query_asker(self.layout, msg.subject)
+        answer_type: type[Answer | HistoryAnswer | WatchAnswer] = Answer
         try:
-            query = msgspec.msgpack.decode(msg.data, type=Query)
-            after = query.after
-            if after > self.state.last_sequence:
-                with contextlib.suppress(TimeoutError, NatsError):
-                    after = await self._last_event_until(after)
-            async with self.advanced:
-                await asyncio.wait_for(self.advanced.wait_for(
-                    lambda: self.state.last_sequence >= after), READ_WAIT_SECONDS)
-            answer = Answer(items=self.render(self.state, query,
-                                              query_asker(self.layout, msg.subject)),
-                            sequence=self.state.last_sequence)
-        except (msgspec.DecodeError, TimeoutError) as e:
-            answer = Answer(error=f"{type(e).__name__}: {e}")
+            match verb:
+                case "get":
+                    answer: Answer | HistoryAnswer | WatchAnswer = await self._get(
+                        asker, msgspec.msgpack.decode(msg.data, type=Query))
+                case "history":
+                    answer_type = HistoryAnswer
+                    answer = await self._history(
+                        asker, msgspec.msgpack.decode(msg.data, type=HistoryQuery))
+                case "watch":
+                    answer_type = WatchAnswer
+                    answer = await self._watch(
+                        asker, msgspec.msgpack.decode(msg.data, type=WatchQuery))
+                case _:
+                    raise Refused(MALFORMED, f"no such query verb {verb[:32]!r}")
+        except (msgspec.DecodeError, Refused) as e:
+            reason = e.reason if isinstance(e, Refused) else MALFORMED
+            self.refuse(reason, asker=asker, verb=verb, error=str(e))
+            answer = answer_type(error=f"{e}" if isinstance(e, Refused)
+                                 else f"{type(e).__name__}: {e}",
+                                 reason=FORBIDDEN if reason == FORBIDDEN_REASON else "")
+        except (TimeoutError, NatsError) as e:
+            answer = answer_type(error=f"{type(e).__name__}: {e}")
         await msg.respond(msgspec.msgpack.encode(answer))
+
+    async def _get(self, asker: str, query: Query) -> Answer:
+        """Now (once the state holds `after`), or `at` a point, rebuilt from the log."""
+        if query.namespace and not asker.startswith(NODE_ACTOR_PREFIX):
+            _forbid(PolicySight(self.policy, asker, query.kind,
+                                "get" if query.name else "list"), query.namespace)
+        if query.at is not None:
+            state = await audit.state_at(self.nc, self.layout, query.at)
+            return Answer(items=self.render(state, query, asker), sequence=state.last_sequence)
+        after = query.after
+        if after > self.state.last_sequence:
+            with contextlib.suppress(TimeoutError, NatsError):
+                after = await self._last_event_until(after)
+        await self._advanced_to(after, READ_WAIT_SECONDS)
+        return Answer(items=self.render(self.state, query, asker),
+                      sequence=self.state.last_sequence)
+
+    async def _advanced_to(self, sequence: int, timeout: float) -> None:
+        """Until the state has read `sequence`; TimeoutError after `timeout`."""
+        async with self.advanced:
+            await asyncio.wait_for(self.advanced.wait_for(
+                lambda: self.state.last_sequence >= sequence), timeout)
+
+    async def _history(self, asker: str, query: HistoryQuery) -> HistoryAnswer:
+        if query.correlation:
+            return HistoryAnswer(entries=await audit.request_trail(
+                self.nc, self.layout, query.correlation,
+                lambda kind: PolicySight(self.policy, asker, kind, "get")))
+        kind = _served_kind(query.kind)
+        if not query.name:
+            raise Refused(MALFORMED, "name: a history names one object")
+        namespace = "" if kind in CLUSTER_SCOPED else query.namespace
+        sight = PolicySight(self.policy, asker, kind, "get")
+        _forbid(sight, namespace)
+        return HistoryAnswer(entries=await audit.object_history(
+            self.nc, self.layout, kind, namespace, query.name, sight=sight))
+
+    async def _watch(self, asker: str, query: WatchQuery) -> WatchAnswer:
+        """One page of changes from `since`; an empty page (and the same `next`) when none
+        came within `WATCH_WAIT_SECONDS`, so a client polls again without missing any."""
+        sight = PolicySight(self.policy, asker, _served_kind(query.kind), "watch")
+        if query.namespace:
+            _forbid(sight, query.namespace)
+        match query.since:
+            case None:
+                first = await head(self.nc, self.layout) + 1
+            case int(first) if first < 1:
+                raise Refused(MALFORMED, f"since: must be a sequence from 1, not {first}")
+            case int(first):
+                pass
+            case at:
+                first = await start_sequence_at(self.nc, self.layout, at)
+        try:
+            await self._advanced_to(first, WATCH_WAIT_SECONDS)
+        except TimeoutError:
+            return WatchAnswer(next=first)
+        changes, next_first = await audit.changes_from(self.nc, self.layout, query, first,
+                                                       sight)
+        return WatchAnswer(changes=changes, next=next_first)
 
     async def listen(self) -> Subscription:
         """Start answering queries (on what the state holds, as it advances)."""
@@ -291,7 +315,7 @@ class ReadService:
         if not await unless_stopped(wait_for_streams(self.nc.jetstream(), self.layout), stop):
             return
         sub = await self.listen()
-        server = (await http.serve(self.state, self.render, *listen, self.process_metrics)
+        server = (await http.serve(self.state, self, *listen, self.tokens)
                   if listen else None)
         try:
             await follow(self.nc, self.layout, self._on_event, on_skip=self._on_skip,
@@ -305,7 +329,7 @@ class ReadService:
 
 
 def run(access: Access, layout: Layout, listen: tuple[str, int] | None = None,
-        policy: Policy | None = None) -> None:
+        policy: Policy | None = None, tokens: StaticTokens | None = None) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -316,7 +340,7 @@ def run(access: Access, layout: Layout, listen: tuple[str, int] | None = None,
         log.info("read service started", nats_url=shown(access.url), prefix=layout.prefix,
                  authorization="policy" if policy is not None and policy.enforced else "open")
         try:
-            await ReadService(nc, layout, policy).run(stop, listen)
+            await ReadService(nc, layout, policy, tokens).run(stop, listen)
         finally:
             await nc.close()
 

@@ -32,6 +32,12 @@ kind: RoleBinding
 metadata: {name: tenant, namespace: tenant-a}
 roleRef: {kind: ClusterRole, name: "kubevirt.io:edit"}
 subjects: [{kind: User, name: tenant}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: scrapes}
+roleRef: {kind: ClusterRole, name: "system:monitoring"}
+subjects: [{kind: User, name: "system:anonymous"}]
 """
 
 
@@ -41,3 +47,4 @@ def test_only_who_may_change_every_vm_reads_the_log_directly() -> None:
     direct_get = f"$JS.API.DIRECT.GET.{layout.events_stream}"
     readers = {name for name, user in users.items() if direct_get in user.publish}
     assert readers == {"controlplane", "projections", "ops", "editor"}
+    assert "system:anonymous" not in users  # an HTTP-only user: no NATS identity

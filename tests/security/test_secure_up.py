@@ -5,6 +5,7 @@ process `up` started saw a permission refused: every process works under the spl
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 import subprocess
@@ -13,14 +14,16 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import suppress
 from pathlib import Path
 
+import aiohttp
 import msgspec
 import pytest
 import yaml
 
 from controlplane.client import Client
 from controlplane.context import Context
-from controlplane.secured import OPERATOR_USER
+from controlplane.secured import HTTP_TOKENS, OPERATOR_USER, SECURE_DIR
 from events.connect import CA_ENV, CREDENTIALS_ENV, NATS_URL_ENV
+from events.server import free_port
 from tests.system.harness import eventually, ready_nodes, vm_status, vmi_phase
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vm-cirros.yaml"
@@ -30,8 +33,8 @@ REFUSED = "violation"
 
 
 class SecureUp:
-    def __init__(self, data_dir: Path, context: Path) -> None:
-        self.data_dir, self.context_path = data_dir, context
+    def __init__(self, data_dir: Path, context: Path, http_port: int) -> None:
+        self.data_dir, self.context_path, self.http_port = data_dir, context, http_port
 
     def context(self) -> Context | None:
         if not self.context_path.exists():
@@ -54,12 +57,14 @@ def secure_up(tmp_path: Path) -> Iterator[SecureUp]:
     env = {**os.environ, "VIRTBUS_CONTEXT": str(context)}
     for name in (NATS_URL_ENV, CREDENTIALS_ENV, CA_ENV):
         env.pop(name, None)
+    http_port = free_port()
     up = subprocess.Popen([sys.executable, "-m", "controlplane.cli", "up", "--secure",
-                           "--data-dir", str(tmp_path / "data"), "--nodes", "2"], env=env,
+                           "--data-dir", str(tmp_path / "data"), "--nodes", "2",
+                           "--http-port", str(http_port)], env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                           start_new_session=True)
     try:
-        yield SecureUp(tmp_path / "data", context)
+        yield SecureUp(tmp_path / "data", context, http_port)
     finally:
         up.send_signal(signal.SIGINT)
         try:
@@ -103,5 +108,19 @@ async def test_a_vm_runs_under_the_split_accounts(secure_up: SecureUp,
     assert history[0].actor == OPERATOR_USER
     assert history[0].command_id == outcome.command_id
     assert history[0].sequence in outcome.sequences
+
+    # The HTTP API: the operator's bearer token (made by `up`) reads everything and the
+    # metrics; without a token, nothing (the policy grants anonymous nothing).
+    [token] = [row[0] for row in csv.reader((secure_up.data_dir / SECURE_DIR / HTTP_TOKENS)
+                                            .read_text().splitlines()) if row[1] == OPERATOR_USER]
+    base = f"http://127.0.0.1:{secure_up.http_port}"
+    async with aiohttp.ClientSession() as session:
+        for path, anonymous in ((f"/apis/kubevirt.io/v1/namespaces/{namespace}/"
+                                 f"virtualmachines/{name}", 404), ("/metrics", 403)):
+            async with session.get(base + path,
+                                   headers={"Authorization": f"Bearer {token}"}) as response:
+                assert response.status == 200, path
+            async with session.get(base + path) as response:
+                assert response.status == anonymous, path
 
     assert secure_up.refusals() == []

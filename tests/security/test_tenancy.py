@@ -19,7 +19,7 @@ from nats.aio.client import Client as Nats
 from controlplane.writer import Writer
 from events.messages import Command
 from events.policy import load_policy
-from events.query import Query, ask
+from events.query import FORBIDDEN, Answer, Query, ask
 from events.streams import ensure_all
 from events.subjects import Layout
 from projections.http import respond
@@ -42,10 +42,14 @@ class Reads:
 
     async def items(self, asker: str, kind: str, namespace: str = "",
                     name: str = "") -> list[dict[str, Any]]:
-        answer = await ask(self.nc, self.layout, Query(kind=kind, namespace=namespace,
-                                                       name=name, after=self.head), asker)
+        answer = await self.answer(asker, kind, namespace, name)
         assert not answer.error, answer.error
         return answer.items
+
+    async def answer(self, asker: str, kind: str, namespace: str = "",
+                     name: str = "") -> Answer:
+        return await ask(self.nc, self.layout, Query(kind=kind, namespace=namespace,
+                                                     name=name, after=self.head), asker)
 
 
 def _vm(name: str, namespace: str) -> dict[str, Any]:
@@ -106,7 +110,10 @@ async def test_each_asker_sees_what_the_policy_grants(reads: Reads) -> None:
     assert await reads.names("operator", "VirtualMachine") == both
     assert await reads.names("alice", "VirtualMachine") == ["tenant-a/web"]
     assert await reads.names("bob", "VirtualMachine") == ["tenant-a/web"]
-    assert await reads.names("alice", "VirtualMachine", "tenant-b") == []
+    refused = await reads.answer("alice", "VirtualMachine", "tenant-b")
+    assert (refused.reason, refused.items) == (FORBIDDEN, [])
+    assert refused.error == ('forbidden: User \'alice\' cannot list resource "virtualmachines" '
+                             'in API group "kubevirt.io" in the namespace "tenant-b"')
     assert await reads.names("mallory", "VirtualMachine") == []
     assert await reads.names("alice", "HyperConverged") == []
 

@@ -18,7 +18,7 @@ from events.policy import command_request, parse_policy
 from events.query import Query
 from projections.cluster import ClusterState
 from projections.http import respond
-from projections.service import render, render_view
+from projections.rendering import render, render_view
 from tests.store.helpers import SyncHandler, run, run_accepted
 from tests.store.test_feature_gates import appended_since, apply, last_sequence, stored_event
 

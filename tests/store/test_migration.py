@@ -13,7 +13,7 @@ from events.messages import Command
 from events.migration import VirtualMachineInstanceMigrated
 from projections.cluster import ClusterState, render_vmi
 from projections.hco import METRICS_QUERY, answer
-from projections.service import migration_object
+from projections.rendering import migration_object
 from tests.store.helpers import SyncHandler, run
 from tests.store.migration_helpers import MIGRATION, MigratingCluster
 from tests.store.test_feature_gates import apply, apply_hco

@@ -13,7 +13,7 @@ from controlplane.controllers.vm import VMController
 from events.messages import Command
 from events.query import Query
 from projections.cluster import ClusterState
-from projections.service import render
+from projections.rendering import render
 from tests.store.helpers import SyncHandler, run, run_accepted
 from tests.store.test_feature_gates import appended_since, apply, last_sequence, stored_event
 from tests.store.test_replicasets import RS, ReplicaCluster, replica_set

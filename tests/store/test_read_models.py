@@ -9,7 +9,7 @@ from controlplane.controllers.scheduler import Scheduler
 from controlplane.controllers.vm import VMController
 from events.messages import Command
 from projections.cluster import ClusterState
-from projections.service import node_object
+from projections.rendering import node_object
 from tests.store.helpers import SyncHandler, register_command, run_accepted
 from tests.system.harness import vm_manifest
 

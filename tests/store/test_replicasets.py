@@ -19,7 +19,7 @@ from events.subjects import Layout
 from events.vm import NODE_UNRESPONSIVE
 from projections.cluster import ClusterState
 from projections.http import respond
-from projections.service import render
+from projections.rendering import render
 from projections.views import VirtualMachineInstanceView
 from tests.store.helpers import SyncHandler, replayed, run, run_accepted
 from tests.store.scheduling_helpers import Cluster

@@ -16,7 +16,6 @@ from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.client import Client
 from events.api.base import ObjectMeta
 from events.api.hco import HyperConvergedSpec
 from events.api.manifest import decode_object
@@ -33,6 +32,7 @@ from events.hco import (
     hco_id,
 )
 from events.nodes import NODE_KIND, NodeInfoChanged, NodeNotReady, NodeReady, NodeRegistered
+from events.policy import Policy
 from events.query import Query, ask
 from events.streams import ensure_all
 from events.subjects import Layout, aggregate_id
@@ -44,7 +44,7 @@ from events.vm import (
     VirtualMachineInstancePhaseChanged,
     VirtualMachineRunStrategyChanged,
 )
-from projections import follower, service, views
+from projections import audit, follower, service, views
 from projections.cluster import ClusterState
 from projections.follower import (
     BAD_TOPIC,
@@ -200,21 +200,18 @@ async def test_follow_skips_what_it_cannot_decode_and_delivers_the_rest_once(
 
 async def test_history_and_state_at_read_past_what_they_cannot_decode(
         nats_url: str, prefix: str) -> None:
-    """The client's audit reads (Direct Get to a point, then fold) over the same kind of log:
-    the object's history lists exactly its valid events; the state at the head (a stray)
-    has folded them all, counted the four strays and read past the last of them."""
+    """The read service's audit reads (Direct Get to a point, then fold) over the same kind of
+    log: the object's history lists exactly its valid events; the state at the head (a
+    stray) has folded them all, counted the four strays and read past the last of them."""
     log = await Log.open(nats_url, prefix)
     try:
         good, bad = await log.build(1, end_on_stray=True)
+        sight = service.PolicySight(Policy.open(), "operator", "Node", "get")
+        history = await audit.object_history(log.nc, log.layout, "Node", "", "n1", sight=sight)
+        state = await audit.state_at(log.nc, log.layout, bad[-1])
+        before = await audit.state_at(log.nc, log.layout, good[-1])
     finally:
         await log.nc.close()
-    vb = await Client.connect(nats_url, prefix)
-    try:
-        history = await vb.history("Node", "", "n1")
-        state = await vb.state_at(bad[-1])
-        before = await vb.state_at(good[-1])
-    finally:
-        await vb.close()
     assert [entry.sequence for entry in history] == good
     assert [entry.type for entry in history] == [node_event(v).TYPE for v in range(1, 5)]
     assert state.skipped == Counter(REASONS)

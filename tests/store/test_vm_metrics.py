@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from projections.cluster import ClusterState
 from projections.http import respond
-from projections.service import render
+from projections.rendering import render
 from tests.store.test_run_strategies import Cluster, cluster  # noqa: F401  (the fixture)
 
 

@@ -13,7 +13,7 @@ from events.messages import Command
 from events.query import Query
 from projections.cluster import OUTDATED_LAUNCHER_LABEL
 from projections.migration import WorkloadUpdateView
-from projections.service import render
+from projections.rendering import render
 from tests.store.helpers import SyncHandler, node_info, run
 from tests.store.migration_helpers import MigratingCluster
 from tests.store.test_feature_gates import apply_hco

@@ -52,7 +52,7 @@ import msgspec
 import pytest
 from nats.aio.msg import Msg
 
-from controlplane.client import KIND_TOKENS, Client
+from controlplane.client import Client
 from controlplane.handling import marker_id
 from events.codec import event_id
 from events.directget import read_all, sequence
@@ -66,6 +66,7 @@ from events.messages import (
 )
 from nodeagent.worklog import AppliedWork
 from projections.follower import read_event
+from projections.query import KIND_TOKENS
 from tests.system.conftest import hco_settled
 from tests.system.harness import domains, eventually, last_sequence, ready_nodes, vm_manifest
 

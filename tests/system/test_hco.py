@@ -10,9 +10,10 @@ import pytest
 from controlplane.client import Client, CommandRejected
 from events.api import hco_defaults as d
 from events.query import Query
+from projections import audit
 from projections.hco import ALERTS_QUERY, METRICS_QUERY
 from projections.hco_metrics import OUT_OF_BAND_MODIFICATIONS, UNSAFE_MODIFICATIONS
-from projections.service import render
+from projections.rendering import render
 from tests.system.harness import (
     System,
     condition,
@@ -105,7 +106,7 @@ async def test_out_of_band_change_is_reverted_counted_alerted_and_survives_resta
                              what="the restarted read service")
     assert again[0]["text"] == text
     assert await vb.query(ALERTS_QUERY, after=head) == alerts
-    rebuilt = await vb.state_at(head)
+    rebuilt = await audit.state_at(vb.nc, vb.layout, head)
     assert render(rebuilt, Query(kind=METRICS_QUERY))[0]["text"] == text
 
 

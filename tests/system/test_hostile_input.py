@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
 import controlplane.writer  # noqa: F401  (registers every handler in HANDLERS)
-from controlplane.client import KIND_TOKENS, Client
+from controlplane.client import Client
 from controlplane.handling import HANDLERS, marker_id
 from events.codec import Event
 from events.datastore import TOPIC_HEADER
@@ -52,6 +52,7 @@ from events.messages import (
     message_decoder,
 )
 from projections.follower import read_event
+from projections.query import KIND_TOKENS
 from tests.system.harness import System, eventually, last_sequence, vm_manifest
 
 T = TypeVar("T")

@@ -1,0 +1,133 @@
+"""The past, read from the log itself: the cluster at a point, one object's history, one
+request's trail across objects, and the changes from a point on. The read service runs these
+for whoever asks and shows each answer through the asker's `Sight`, so a person who may not
+read the log (every namespace, cloud-init secrets in clear) audits what it may read. Each
+replays the log from its start: the cost grows with the log (bounding it is a later issue).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Protocol
+
+import jsonpatch
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from events.codec import Event
+from events.directget import read_all, sequence
+from events.query import WATCH_PAGE, Change, HistoryEntry, WatchQuery
+from events.subjects import Layout, aggregate_id, split_aggregate_id
+from projections.cluster import ClusterState
+from projections.follower import read_event, start_sequence_at
+from projections.query import CLUSTER_SCOPED, KIND_TOKENS, TOKEN_KINDS
+from projections.rendering import render_view
+from projections.views import View
+
+
+class Sight(Protocol):
+    """What one asker may see of one kind (`projections.service.PolicySight`)."""
+
+    def may_read(self, namespace: str) -> bool: ...
+
+    def show(self, item: dict[str, Any]) -> dict[str, Any] | None:
+        """`item` as the asker may see it (secrets redacted), or None if it may not."""
+
+
+SightOf = Callable[[str], Sight]
+"""The asker's sight of a kind."""
+
+
+async def state_at(nc: Client, layout: Layout, at: int | datetime) -> ClusterState:
+    """The whole cluster as it stood at a sequence or an instant, rebuilt from the log."""
+    stop = at if isinstance(at, int) else await start_sequence_at(nc, layout, at) - 1
+    state = ClusterState()
+    for msg in await read_all(nc, layout.events_stream, layout.events_filter(), stop=stop):
+        _fold(state, msg)  # what it changed is not needed here
+    return state
+
+
+def _fold(state: ClusterState, msg: Msg) -> tuple[Event, View] | None:
+    """Apply one stored message: the event and the view it changed, or None for a message
+    this version cannot read (counted, skipped) or an event of no view (a command's marker)."""
+    event = read_event(msg, on_skip=state.skip)
+    view = None if event is None else state.apply(event, sequence(msg))
+    return None if event is None or view is None else (event, view)
+
+
+def _entry(msg: Msg, event: Event, changes: list[dict[str, Any]],
+           obj: str = "") -> HistoryEntry:
+    return HistoryEntry(sequence=sequence(msg), time=event.timestamp.isoformat(),
+                        actor=event.actor, type=event.TYPE, command_id=event.causation_id,
+                        correlation_id=event.correlation_id, changes=changes, object=obj)
+
+
+async def object_history(nc: Client, layout: Layout, kind: str, namespace: str, name: str,
+                         *, sight: Sight) -> list[HistoryEntry]:
+    """Every event of one object, with who caused it and what changed: a JSON Patch between
+    the object before and after, each as `sight` shows it (so a viewer's patches carry
+    `<redacted>`, never a secret). The caller has checked that the asker may read it."""
+    agg = aggregate_id(KIND_TOKENS[kind], "" if kind in CLUSTER_SCOPED else namespace, name)
+    state = ClusterState()
+    before: dict[str, Any] = {}
+    out: list[HistoryEntry] = []
+    for msg in await read_all(nc, layout.events_stream, layout.aggregate_subject(agg)):
+        folded = _fold(state, msg)
+        if folded is None:
+            continue
+        event, view = folded
+        rendered = render_view(state, view)
+        after = (sight.show(rendered) or {}) if rendered else {}
+        after.get("metadata", {}).pop("resourceVersion", None)
+        out.append(_entry(msg, event, jsonpatch.make_patch(before, after).patch))
+        before = after
+    return out
+
+
+async def request_trail(nc: Client, layout: Layout, correlation_id: str,
+                        sight_of: SightOf) -> list[HistoryEntry]:
+    """Every event one request caused, across objects, in log order, of the objects the
+    asker may read (a drain's cordon, its migrations and evictions, their VMIs' moves)."""
+    out: list[HistoryEntry] = []
+    for msg in await read_all(nc, layout.events_stream, layout.events_filter()):
+        event = read_event(msg)
+        if event is None or event.correlation_id != correlation_id:
+            continue
+        token, namespace, _ = split_aggregate_id(event.originator_id)
+        # A token of no served kind (a command's marker) is a resource only `*` grants.
+        if sight_of(TOKEN_KINDS.get(token, token)).may_read(namespace):
+            out.append(_entry(msg, event, [], str(event.originator_id)))
+    return out
+
+
+async def changes_from(nc: Client, layout: Layout, query: WatchQuery, first: int,
+                       sight: Sight) -> tuple[list[Change], int]:
+    """Up to `WATCH_PAGE` changes to the objects `query` names from sequence `first` on, as
+    `sight` shows them (an object it may not read: no change at all), and the sequence the
+    next page starts at: past every message read, so none is shown twice or skipped."""
+    state = ClusterState()
+    token = KIND_TOKENS[query.kind]
+    out: list[Change] = []
+    position = first
+    for msg in await read_all(nc, layout.events_stream, layout.events_filter()):
+        if len(out) == WATCH_PAGE:
+            break
+        folded = _fold(state, msg)
+        position = max(position, sequence(msg) + 1)
+        if folded is None or sequence(msg) < first:
+            continue
+        event, view = folded
+        view_token, id_namespace, id_name = split_aggregate_id(event.originator_id)
+        meta = getattr(view, "metadata", None)
+        name = meta.name if meta is not None else id_name
+        namespace = meta.namespace if meta is not None else id_namespace
+        if view_token != token or (query.name and name != query.name) or (
+                query.namespace and namespace != query.namespace):
+            continue
+        if not sight.may_read(namespace):
+            continue
+        rendered = render_view(state, view)
+        out.append(Change(sequence(msg), event.TYPE, event.timestamp, event.actor, namespace,
+                          name, sight.show(rendered) if rendered else None))
+    return out, position
