@@ -15,6 +15,7 @@ from nodeagent.converter import defaults
 from nodeagent.defaults import (
     AGENT_VERSION,
     DEVICE_PLUGIN_CAPACITY,
+    HYPERVISOR_PROBE_SECONDS,
     MIGRATION_REPORT_INTERVAL_SECONDS,
     REDISCOVERY_INTERVAL_SECONDS,
     SIMULATED_BANDWIDTH_BYTES_PER_SECOND,
@@ -22,6 +23,7 @@ from nodeagent.defaults import (
     TEST_HOST_CPU_MODEL,
 )
 from nodeagent.domxml import main_domxml
+from nodeagent.hypervisor import HYPERVISOR_CHOICES
 from nodeagent.lifecycle import SimulationRefused
 from nodeagent.simhost import TEST_DEFAULT_URI
 
@@ -116,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--migration-report-interval", type=_positive_seconds,
                    default=MIGRATION_REPORT_INTERVAL_SECONDS, metavar="S",
                    help="seconds between a migration's progress reports")
+    p.add_argument("--hypervisor", choices=HYPERVISOR_CHOICES, default="auto",
+                   help="guests' domain type on a real host: kvm, qemu (TCG), or auto: kvm "
+                        "if a probe guest runs under KVM, else qemu")
+    p.add_argument("--hypervisor-probe-timeout", type=_positive_seconds,
+                   default=HYPERVISOR_PROBE_SECONDS, metavar="S",
+                   help="seconds the KVM probe guest has to reach long mode")
     sub.add_parser("domxml", help="print the domain XML of a VMI/VM manifest (-f FILE)")
     args = parser.parse_args(argv)
     configure()
@@ -128,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                       sim_state=args.sim_state, agent_version=args.agent_version,
                       sim_migration_bandwidth=args.sim_migration_bandwidth,
                       sim_dirty_rate=args.sim_dirty_rate,
-                      migration_report_seconds=args.migration_report_interval)
+                      migration_report_seconds=args.migration_report_interval,
+                      hypervisor=args.hypervisor,
+                      hypervisor_probe_seconds=args.hypervisor_probe_timeout)
     try:
         agent = NodeAgent(cfg)
     except SimulationRefused as e:

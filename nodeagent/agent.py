@@ -94,7 +94,7 @@ from events.transient import describe, is_transient, note, retry_until_stopped, 
 from nodeagent import downwardmetrics, lifecycle
 from nodeagent.converter import convert
 from nodeagent.converter import defaults as converter_defaults
-from nodeagent.converter.context import domain_name, hypervisor_domain_type
+from nodeagent.converter.context import DomainType, domain_name
 from nodeagent.converter.identity import VMI_METADATA_TAG
 from nodeagent.defaults import (
     AGENT_VERSION,
@@ -102,6 +102,7 @@ from nodeagent.defaults import (
     DOMAIN_MISSING_REASON,
     DOWNWARD_METRICS_INTERVAL_SECONDS,
     FETCH_WAIT_SECONDS,
+    HYPERVISOR_PROBE_SECONDS,
     MIGRATION_REPORT_INTERVAL_SECONDS,
     READ_SERVICE_RETRY_SECONDS,
     READ_SERVICE_WAIT_SECONDS,
@@ -115,6 +116,7 @@ from nodeagent.devices import DeviceLedger
 from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
 from nodeagent.domxml import parse_manifest
 from nodeagent.hostpaths import HostPathError
+from nodeagent.hypervisor import Hypervisor, HypervisorChoice, kvm_runs_guests
 from nodeagent.migrating import Migrations
 from nodeagent.phases import GuestPhase, Observation, StopCause, judge
 from nodeagent.simhost import TEST_DEFAULT_URI, for_agent
@@ -176,6 +178,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     sim_dirty_rate: int = SIMULATED_DIRTY_RATE_BYTES_PER_SECOND
     """Bytes per second a simulated guest dirties, unless its VMI's annotation says."""
     migration_report_seconds: float = MIGRATION_REPORT_INTERVAL_SECONDS
+    hypervisor: HypervisorChoice = "auto"
+    """`kvm` or `qemu` as told, or `auto`: KVM if the probe finds it runs guests."""
+    hypervisor_probe_seconds: float = HYPERVISOR_PROBE_SECONDS
 
     @property
     def simulated(self) -> bool:
@@ -242,7 +247,11 @@ class NodeAgent:
         observations: asyncio.Queue[Observation] = asyncio.Queue()
         self.watcher = LifecycleWatcher(self.conn, to_asyncio(loop, observations),
                                         node=self.cfg.node)
-        self.domain_type = hypervisor_domain_type(self.cfg.libvirt_uri)
+        capabilities = await asyncio.to_thread(self.conn.getCapabilities)
+        kvm = await asyncio.to_thread(kvm_runs_guests, self.cfg.libvirt_uri, capabilities,
+                                      self.cfg.hypervisor, self.cfg.hypervisor_probe_seconds,
+                                      node=self.cfg.node)
+        self.hypervisor = Hypervisor(self.cfg.libvirt_uri, kvm)
         self.nc = await connect(self.cfg.access, f"agent-{self.cfg.node}")
         try:
             js = self.nc.jetstream()
@@ -272,6 +281,11 @@ class NodeAgent:
             self.watcher.close()
             await self.nc.close()
             await asyncio.to_thread(self.conn.close)
+
+    @property
+    def domain_type(self) -> DomainType:
+        """What this node's guests are defined as (`nodeagent.hypervisor`)."""
+        return self.hypervisor.domain_type
 
     async def _adopt_domains(self) -> None:
         """After a restart: find our guests, rebuild the device ledger, report their phase."""
@@ -420,8 +434,9 @@ class NodeAgent:
         return await retry_while_running(call, what, self.stop, node=self.cfg.node, **context)
 
     async def _follow_cluster_cpu_policy(self) -> None:
-        """Take `obsoleteCPUModels` and `minCPUModel` from the effective KubeVirt CR, as
-        virt-handler does; keep the current ones while the read service cannot say."""
+        """Take `obsoleteCPUModels`, `minCPUModel` and `developerConfiguration.useEmulation`
+        from the effective KubeVirt CR, as virt-handler does; keep the current ones while the
+        read service cannot say."""
         try:
             answer = await self._query(KUBEVIRT_KIND)
         except ReadServiceUnavailable:
@@ -432,6 +447,9 @@ class NodeAgent:
         obsolete = config.get("obsoleteCPUModels") or {}
         models = {m for m, on in obsolete.items() if on} if isinstance(obsolete, dict) \
             else set(obsolete)
+        developer = config.get("developerConfiguration") or {}
+        self.hypervisor = dataclasses.replace(
+            self.hypervisor, use_emulation=developer.get("useEmulation") is True)
         self.discovery = dataclasses.replace(
             self.discovery, obsolete_cpu_models=frozenset(models),
             min_cpu_model=config.get("minCPUModel") or KUBEVIRT_MIN_CPU_MODEL)
@@ -439,6 +457,7 @@ class NodeAgent:
     async def report_host(self, *, force: bool = False) -> None:
         """Discover the host; report it when it changed since the last report, or `force`."""
         await self._follow_cluster_cpu_policy()
+        self.discovery = dataclasses.replace(self.discovery, domain_type=self.domain_type)
         info = await asyncio.to_thread(discover_host, self.conn, self.discovery)
         info = msgspec.structs.replace(info, hostname=socket.gethostname())
         fingerprint = host_fingerprint(info)

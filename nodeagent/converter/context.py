@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Literal
 
 import msgspec
@@ -62,10 +61,3 @@ class ConverterContext(msgspec.Struct, frozen=True, kw_only=True):
 def memfd_from_annotations(annotations: Mapping[str, object]) -> bool:
     """KubeVirt backs hugepages with memfd unless the VMI's annotation says "false"."""
     return annotations.get(defaults.MEMFD_ANNOTATION) != "false"
-
-
-def hypervisor_domain_type(uri: str, kvm_device: str = "/dev/kvm") -> DomainType:
-    """`test` on libvirt's test driver, else `kvm`, or `qemu` (emulation) without /dev/kvm."""
-    if uri.startswith("test:"):
-        return "test"
-    return "kvm" if os.path.exists(kvm_device) else "qemu"
