@@ -91,7 +91,7 @@ from events.query import Answer, Query, ask
 from events.streams import HEARTBEAT_INTERVAL, wait_for_streams
 from events.subjects import DEFAULT_PREFIX, Layout, encode_token
 from events.transient import describe, is_transient, note, retry_until_stopped, retry_while_running
-from nodeagent import downwardmetrics, lifecycle
+from nodeagent import downwardmetrics, guestdisks, lifecycle
 from nodeagent.converter import convert
 from nodeagent.converter import defaults as converter_defaults
 from nodeagent.converter.context import DomainType, domain_name
@@ -103,6 +103,7 @@ from nodeagent.defaults import (
     DOWNWARD_METRICS_INTERVAL_SECONDS,
     FETCH_WAIT_SECONDS,
     HYPERVISOR_PROBE_SECONDS,
+    IMAGE_DIR,
     MIGRATION_REPORT_INTERVAL_SECONDS,
     READ_SERVICE_RETRY_SECONDS,
     READ_SERVICE_WAIT_SECONDS,
@@ -117,6 +118,7 @@ from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
 from nodeagent.domxml import parse_manifest
 from nodeagent.hostpaths import HostPathError
 from nodeagent.hypervisor import Hypervisor, HypervisorChoice, kvm_runs_guests
+from nodeagent.imagestore import ImageStore
 from nodeagent.migrating import Migrations
 from nodeagent.phases import GuestPhase, Observation, StopCause, judge
 from nodeagent.simhost import TEST_DEFAULT_URI, for_agent
@@ -167,6 +169,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     host_cpu_model: str = ""
     """'' means: libvirt's own, or `TEST_HOST_CPU_MODEL` on the test driver."""
     disk_dir: str = converter_defaults.DISK_DIR
+    image_dir: str = IMAGE_DIR
+    """The node's image store: containerDisk and kernelBoot images (`--image-dir`)."""
     rediscovery_seconds: float = REDISCOVERY_INTERVAL_SECONDS
     downward_metrics_seconds: float = DOWNWARD_METRICS_INTERVAL_SECONDS
     read_service_wait_seconds: float = READ_SERVICE_WAIT_SECONDS
@@ -235,6 +239,7 @@ class NodeAgent:
                                          tun_devices=cfg.tun_devices, host_cpu_model=cpu_model,
                                          agent_version=cfg.agent_version)
         self.migrations = Migrations(self)
+        self.images = ImageStore(cfg.image_dir)
 
     # -- start-up ----------------------------------------------------------------------
 
@@ -403,6 +408,9 @@ class NodeAgent:
             return lifecycle.StopOutcome.ALREADY_GONE
         outcome = await asyncio.to_thread(lifecycle.graceful_stop, self.conn, ref.domain,
                                           grace_seconds, self.watcher)
+        if not self.cfg.simulated:
+            await asyncio.to_thread(guestdisks.remove, self.cfg.disk_dir, ref.namespace,
+                                    ref.name, ref.uid)
         self.ledger.release(ref.uid)
         self.domains.pop(ref.domain, None)
         self.metrics_disks.pop(ref.domain, None)
@@ -690,14 +698,20 @@ class NodeAgent:
                                    disk_dir=self.cfg.disk_dir)
         xml = convert(spec, ctx)
         metrics_disks = downwardmetrics.disk_paths(spec, ctx)
+        if not self.cfg.simulated:  # a real guest needs its disks; a simulated one opens none
+            await asyncio.to_thread(guestdisks.prepare, spec, ctx, self.images)
         for path in metrics_disks:
             await asyncio.to_thread(downwardmetrics.create_disk, path)
         self.ledger.acquire(ref.uid, self._device_demand(spec))
         self.domains[ref.domain] = ref
         if metrics_disks:
             self.metrics_disks[ref.domain] = metrics_disks
-        dom = await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml,
-                                      paused=spec.start_strategy == START_PAUSED)
+        try:
+            dom = await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml,
+                                          paused=spec.start_strategy == START_PAUSED)
+        except libvirt.libvirtError:
+            await self._remove(ref)  # the launch fails: nothing of it stays
+            raise
         paused = (await asyncio.to_thread(dom.state))[0] == libvirt.VIR_DOMAIN_PAUSED
         await self._persist()
         await self.report_domain(ref, GuestPhase.RUNNING, "launched", paused=paused)
