@@ -117,14 +117,14 @@ from nodeagent.devices import DeviceLedger
 from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
 from nodeagent.domxml import parse_manifest
 from nodeagent.hostpaths import HostPathError
-from nodeagent.hypervisor import Hypervisor, HypervisorChoice, kvm_runs_guests
+from nodeagent.hypervisor import Hypervisor, HypervisorChoice, guest_owner, kvm_runs_guests
 from nodeagent.imagestore import ImageStore
 from nodeagent.migrating import Migrations
 from nodeagent.phases import GuestPhase, Observation, StopCause, judge
 from nodeagent.simhost import TEST_DEFAULT_URI, for_agent
 from nodeagent.virterror import quiet_libvirt_errors
 from nodeagent.vmiref import VMIRef as VMIRef  # noqa: PLC0414 (re-exported)
-from nodeagent.watcher import LifecycleWatcher, to_asyncio
+from nodeagent.watcher import LifecycleWatcher, start_event_loop, to_asyncio
 from nodeagent.worklog import open_worklog
 
 log = structlog.get_logger(__name__)
@@ -248,11 +248,13 @@ class NodeAgent:
         quiet_libvirt_errors()
         loop = asyncio.get_running_loop()
         uri = self.cfg.libvirt_uri if self.host is None else self.host.uri
+        start_event_loop()  # before the connection, or a remote one (qemu:///system) reads
+        # its events only while some other call of ours is on the wire
         self.conn = await asyncio.to_thread(libvirt.open, uri)
         observations: asyncio.Queue[Observation] = asyncio.Queue()
         self.watcher = LifecycleWatcher(self.conn, to_asyncio(loop, observations),
                                         node=self.cfg.node)
-        capabilities = await asyncio.to_thread(self.conn.getCapabilities)
+        self.capabilities = capabilities = await asyncio.to_thread(self.conn.getCapabilities)
         kvm = await asyncio.to_thread(kvm_runs_guests, self.cfg.libvirt_uri, capabilities,
                                       self.cfg.hypervisor, self.cfg.hypervisor_probe_seconds,
                                       node=self.cfg.node)
@@ -409,8 +411,9 @@ class NodeAgent:
         outcome = await asyncio.to_thread(lifecycle.graceful_stop, self.conn, ref.domain,
                                           grace_seconds, self.watcher)
         if not self.cfg.simulated:
-            await asyncio.to_thread(guestdisks.remove, self.cfg.disk_dir, ref.namespace,
-                                    ref.name, ref.uid)
+            await asyncio.to_thread(guestdisks.remove, self.cfg.disk_dir,
+                                    converter_defaults.RUN_DIR, ref.namespace, ref.name,
+                                    ref.uid)
         self.ledger.release(ref.uid)
         self.domains.pop(ref.domain, None)
         self.metrics_disks.pop(ref.domain, None)
@@ -696,10 +699,12 @@ class NodeAgent:
             raise InvalidSpec("vmi", "a launch needs the VMI")
         spec, ctx = parse_manifest(vmi, domain_type=self.domain_type,
                                    disk_dir=self.cfg.disk_dir)
+        ctx = msgspec.structs.replace(ctx, serial_log=not self.cfg.simulated)
         xml = convert(spec, ctx)
         metrics_disks = downwardmetrics.disk_paths(spec, ctx)
         if not self.cfg.simulated:  # a real guest needs its disks; a simulated one opens none
-            await asyncio.to_thread(guestdisks.prepare, spec, ctx, self.images)
+            await asyncio.to_thread(guestdisks.prepare, spec, ctx, self.images,
+                                    guest_owner(self.capabilities, self.domain_type))
         for path in metrics_disks:
             await asyncio.to_thread(downwardmetrics.create_disk, path)
         self.ledger.acquire(ref.uid, self._device_demand(spec))

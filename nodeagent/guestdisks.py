@@ -143,17 +143,21 @@ def _read_record(path: str) -> Made | None:
         return None
 
 
-def prepare(spec: VirtualMachineInstanceSpec, ctx: ConverterContext, store: ImageStore) -> None:
-    """Make the VMI's files (above); on any failure remove what was made and raise."""
+def prepare(spec: VirtualMachineInstanceSpec, ctx: ConverterContext, store: ImageStore,
+            guest_owner: tuple[int, int] | None = None) -> None:
+    """Make the VMI's files (above) and its socket directory, owned by `guest_owner` (the
+    uid and gid QEMU runs as, which binds the sockets); on any failure remove what was made
+    and raise."""
     record = _record_path(ctx)
     found = _read_record(record)
     if found is not None and found.uid == ctx.uid:
         return  # made for this VMI already: its guest may be running on them
     if found is not None:
-        remove(ctx.disk_dir, ctx.namespace, ctx.name, found.uid)  # a former instance's
+        remove(ctx.disk_dir, ctx.run_dir, ctx.namespace, ctx.name, found.uid)  # a former one's
     plan = _plan(spec, ctx, store)
-    if not plan:
-        return
+    Path(ctx.socket_path).mkdir(parents=True, exist_ok=True, mode=0o755)
+    if guest_owner is not None:
+        os.chown(ctx.socket_path, *guest_owner)
     directory = ctx.disk_path
     Path(directory).mkdir(parents=True, exist_ok=True, mode=0o755)
     made = Made(uid=ctx.uid, files=[os.path.relpath(path, directory) for path in plan])
@@ -164,14 +168,14 @@ def prepare(spec: VirtualMachineInstanceSpec, ctx: ConverterContext, store: Imag
             Path(path).unlink(missing_ok=True)
             make(path)
     except BaseException:
-        remove(ctx.disk_dir, ctx.namespace, ctx.name, ctx.uid)
+        remove(ctx.disk_dir, ctx.run_dir, ctx.namespace, ctx.name, ctx.uid)
         raise
     log.info("guest files made", vmi=ctx.name, namespace=ctx.namespace, files=made.files)
 
 
-def remove(disk_dir: str, namespace: str, name: str, uid: str) -> None:
+def remove(disk_dir: str, run_dir: str, namespace: str, name: str, uid: str) -> None:
     """Remove what the agent made for VMI instance `uid` (another instance's record is left
-    alone), then the VMI's directories if nothing else is in them."""
+    alone), the VMI's disk directory if nothing else is in it, and its run directory."""
     record = vmi_path(disk_dir, namespace, name, MADE_RECORD)
     found = _read_record(record)
     if found is None or found.uid != uid:
@@ -184,6 +188,9 @@ def remove(disk_dir: str, namespace: str, name: str, uid: str) -> None:
             with contextlib.suppress(OSError):  # not empty: not only ours
                 os.rmdir(os.path.dirname(path))
     Path(record).unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):  # not empty: not only ours
         os.rmdir(directory)
+    # The run directory holds only what the domain's QEMU and virtlogd made: its sockets
+    # (which QEMU leaves behind) and the serial console log.
+    shutil.rmtree(vmi_path(run_dir, namespace, name), ignore_errors=True)
     log.info("guest files removed", vmi=name, namespace=namespace, files=found.files)

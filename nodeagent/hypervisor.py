@@ -24,6 +24,7 @@ no kvm device of such a node and `virtbus get node` shows why guests are slow.
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
@@ -125,6 +126,15 @@ def kvm_runs_guests(uri: str, capabilities: str, choice: HypervisorChoice, timeo
     log.info("hypervisor probed", node=node, kvm=result.runs_guests, why=result.why,
              emulator=path)
     return result.runs_guests
+
+
+def guest_owner(capabilities: str, domain_type: str) -> tuple[int, int] | None:
+    """The uid and gid QEMU runs `domain_type` guests as (libvirt's DAC base label), who must
+    be able to create the guest's sockets; None where libvirt names none."""
+    caps = ET.fromstring(capabilities)
+    label = caps.findtext(f"host/secmodel[model='dac']/baselabel[@type='{domain_type}']", "")
+    match = re.fullmatch(r"\+?(\d+):\+?(\d+)", label)
+    return (int(match[1]), int(match[2])) if match else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,6 +36,8 @@ class ConverterContext(msgspec.Struct, frozen=True, kw_only=True):
     run_dir: str = defaults.RUN_DIR
     ovmf_dir: str = defaults.OVMF_DIR
     memfd: bool = True
+    serial_log: bool = False
+    """Log the serial console to a file beside its socket (`console.SERIAL_LOG`)."""
 
     @property
     def domain_name(self) -> str:

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pycdlib
 import pytest
 
@@ -58,7 +59,7 @@ def store(tmp_path: Path) -> ImageStore:
 
 def _prepare(tmp_path: Path, store: ImageStore, vmi: dict[str, Any]) -> Path:
     spec, ctx = parse_manifest(vmi, domain_type="qemu", disk_dir=str(tmp_path / "disks"))
-    guestdisks.prepare(spec, ctx, store)
+    guestdisks.prepare(spec, msgspec.structs.replace(ctx, run_dir=str(tmp_path / "run")), store)
     return Path(ctx.disk_path)
 
 
@@ -106,8 +107,9 @@ def test_every_file_is_made_and_removed_with_the_vmi(tmp_path: Path, store: Imag
     assert (directory / "kernel-boot" / "initrd.img").read_bytes() == b"initrd"
     (directory / "claim.img").write_bytes(b"the operator's")  # a PVC's image: not ours
 
-    guestdisks.remove(str(tmp_path / "disks"), "ns", "guest", UID)
+    guestdisks.remove(str(tmp_path / "disks"), str(tmp_path / "run"), "ns", "guest", UID)
     assert sorted(os.listdir(directory)) == ["claim.img"]
+    assert not (tmp_path / "run" / "ns" / "guest").exists()
     assert Path(store.resolve("f", "example.org/os:1")).exists()  # the store keeps its image
 
 
@@ -173,10 +175,10 @@ def test_a_redelivered_launch_keeps_the_running_guests_files(tmp_path: Path,
 def test_another_instances_removal_leaves_the_files(tmp_path: Path, store: ImageStore) -> None:
     """A stop of a former instance of the name (another uid) must not take the new one's."""
     directory = _prepare(tmp_path, store, _vmi(ALL_VOLUMES[:1]))
-    guestdisks.remove(str(tmp_path / "disks"), "ns", "guest", "an-older-uid")
+    guestdisks.remove(str(tmp_path / "disks"), str(tmp_path / "run"), "ns", "guest", "older")
     assert (directory / "root.qcow2").exists()
     new_uid = "6a1f0000-0000-4000-8000-000000000002"
     _prepare(tmp_path, store, _vmi(ALL_VOLUMES[:1], uid=new_uid))  # replaces the old files
     assert _info(directory / "root.qcow2")["format"] == "qcow2"
-    guestdisks.remove(str(tmp_path / "disks"), "ns", "guest", new_uid)
+    guestdisks.remove(str(tmp_path / "disks"), str(tmp_path / "run"), "ns", "guest", new_uid)
     assert not directory.exists()
