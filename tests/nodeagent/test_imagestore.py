@@ -6,12 +6,13 @@ the rule; a missing image or file is `ImageMissing` with what to do."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from events.errors import InvalidSpec
-from nodeagent.__main__ import main
 from nodeagent.imagestore import ImageMissing, ImageStore, check_reference
 
 FIELD = "spec.volumes[0].containerDisk.image"
@@ -102,10 +103,18 @@ def test_a_symlink_out_of_the_image_is_refused(tmp_path: Path, store: ImageStore
         store.resolve(FIELD, "k:1", "/boot/escape")
 
 
-def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_line(tmp_path: Path) -> None:
     images = str(tmp_path / "images")
     source = _file(tmp_path, "disk.raw", b"disk")
-    assert main(["import-image", "example.org/os:1", source, "--image-dir", images]) == 0
-    assert Path(capsys.readouterr().out.strip()).read_bytes() == b"disk"
-    assert main(["import-image", "../os", source, "--image-dir", images]) == 1
-    assert "error: reference: must be an image reference" in capsys.readouterr().err
+
+    def import_image(reference: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "nodeagent", "import-image", reference,
+                               source, "--image-dir", images], capture_output=True, text=True,
+                              check=False)
+
+    done = import_image("example.org/os:1")
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip().splitlines()[-1]).read_bytes() == b"disk"
+    refused = import_image("../os")
+    assert refused.returncode == 1
+    assert "error: reference: must be an image reference" in refused.stderr

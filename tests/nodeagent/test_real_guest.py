@@ -31,6 +31,8 @@ from typing import Any
 
 import libvirt
 import pytest
+from nats.js.api import ConsumerConfig
+from nats.js.client import JetStreamContext
 
 from events.messages import NodeCommand, NodeReport
 from nodeagent.converter import defaults as converter_defaults
@@ -209,6 +211,14 @@ async def _console_line(log: Path, text: str, running: Running) -> str:
                          + (log.read_text(errors="replace") if log.exists() else "(no log)"))
 
 
+async def _reports(cluster: Cluster) -> JetStreamContext.PullSubscription:
+    """The agent's reports; the consumer outlives the test's waits on the console (an
+    ephemeral one idle for 5 s is deleted by the server)."""
+    return await cluster.nc.jetstream().pull_subscribe(
+        cluster.layout.reports_filter, stream=cluster.layout.reports_stream,
+        config=ConsumerConfig(inactive_threshold=3 * BOOT_DEADLINE_SECONDS))
+
+
 def _domain_report(name: str, phase: str) -> Callable[[NodeReport], bool]:
     return lambda r: r.domain is not None and (r.domain.name, r.domain.phase) == (name, phase)
 
@@ -216,8 +226,7 @@ def _domain_report(name: str, phase: str) -> Callable[[NodeReport], bool]:
 async def test_a_real_guest_boots_reads_its_disks_and_stops_on_acpi(
         cluster: Cluster, real_agent: tuple[Running, Path]) -> None:
     running, host = real_agent
-    reports = await cluster.nc.jetstream().pull_subscribe(
-        cluster.layout.reports_filter, stream=cluster.layout.reports_stream)
+    reports = await _reports(cluster)
     user_data = f"hello-{uuid.uuid4().hex[:8]}"
     spec = _spec(DISK_IMAGE, user_data)
     ref = await cluster.placed("guest", spec)
@@ -247,8 +256,7 @@ async def test_a_real_guest_boots_reads_its_disks_and_stops_on_acpi(
 async def test_a_missing_image_fails_the_launch_and_defines_nothing(
         cluster: Cluster, real_agent: tuple[Running, Path]) -> None:
     running, host = real_agent
-    reports = await cluster.nc.jetstream().pull_subscribe(
-        cluster.layout.reports_filter, stream=cluster.layout.reports_stream)
+    reports = await _reports(cluster)
     spec = _spec("virtbus.test/missing:1", "unused")
     ref = await cluster.placed("lost", spec)
     await worked_through(cluster, running, await publish(cluster, cluster.launch(ref, spec)))
