@@ -479,6 +479,16 @@ def parser() -> argparse.ArgumentParser:
     x.add_argument("-f", "--filename", action="append", required=True)
     x.add_argument("--domain-type", default="kvm", choices=["kvm", "qemu", "test"])
 
+    n = sub.add_parser("node", help="this host's node: its image store")
+    node_sub = n.add_subparsers(dest="node_command", required=True)
+    ii = node_sub.add_parser("import-image", help="put FILE into image REFERENCE in this "
+                                                  "host's image store (python -m nodeagent)")
+    ii.add_argument("reference")
+    ii.add_argument("file")
+    ii.add_argument("--path", default="", help="where in the image (default /disk/<name>)")
+    ii.add_argument("--image-dir", default="", help="the node's image store (the agent's "
+                                                    "--image-dir; default its default)")
+
     s = sub.add_parser("sim", help="make things happen to a simulated (test-driver) host")
     s.add_argument("action", choices=["guest-shutdown", "guest-crash", "guest-io-error",
                                       "agent-stop", "agent-start"])
@@ -651,6 +661,10 @@ def main(argv: list[str] | None = None) -> int:
         files = [a for f in args.filename for a in ("-f", f)]
         return subprocess.call([sys.executable, "-m", "nodeagent", "domxml", *files,
                                 "--domain-type", args.domain_type])
+    if args.command == "node":
+        store = ["--image-dir", args.image_dir] if args.image_dir else []
+        return subprocess.call([sys.executable, "-m", "nodeagent", "import-image",
+                                args.reference, args.file, "--path", args.path, *store])
     ctx = resolve(args.nats_url, args.prefix, credentials=args.credentials, ca=args.ca,
                   cert=args.cert, key=args.key)
 

@@ -1,4 +1,5 @@
-"""`python -m nodeagent run|domxml`: the agent of one host, and the converter on its own."""
+"""`python -m nodeagent run|domxml|import-image`: the agent of one host, the converter on its
+own, and the host's image store filled."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import sys
 
 from events.api.resources import quantity
 from events.connect import NATS_FAILURES, add_arguments, stopped_by
+from events.errors import InvalidSpec
 from events.logs import configure
 from nodeagent.agent import AgentConfig, NodeAgent
 from nodeagent.converter import defaults
 from nodeagent.defaults import (
     AGENT_VERSION,
     DEVICE_PLUGIN_CAPACITY,
+    HYPERVISOR_PROBE_SECONDS,
+    IMAGE_DIR,
     MIGRATION_REPORT_INTERVAL_SECONDS,
     REDISCOVERY_INTERVAL_SECONDS,
     SIMULATED_BANDWIDTH_BYTES_PER_SECOND,
@@ -22,6 +26,8 @@ from nodeagent.defaults import (
     TEST_HOST_CPU_MODEL,
 )
 from nodeagent.domxml import main_domxml
+from nodeagent.hypervisor import HYPERVISOR_CHOICES
+from nodeagent.imagestore import DISK_DIR_IN_IMAGE, ImageStore
 from nodeagent.lifecycle import SimulationRefused
 from nodeagent.simhost import TEST_DEFAULT_URI
 
@@ -76,6 +82,16 @@ async def _serve(agent: NodeAgent) -> None:
             raise
 
 
+def _import_image(image_dir: str, reference: str, source: str, path: str) -> int:
+    try:
+        stored = ImageStore(image_dir).import_file(reference, source, path)
+    except (InvalidSpec, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(stored)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["domxml"]:
@@ -100,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"test driver: {TEST_HOST_CPU_MODEL})")
     p.add_argument("--disk-dir", default=defaults.DISK_DIR,
                    help="where disk images (containerDisk, PVC, emptyDisk) are resolved")
+    p.add_argument("--image-dir", default=IMAGE_DIR,
+                   help="the node's image store, where containerDisk and kernelBoot images are")
     p.add_argument("--rediscovery-interval", type=float, default=REDISCOVERY_INTERVAL_SECONDS,
                    help="seconds between host discoveries; reported only on change")
     p.add_argument("--agent-version", default=AGENT_VERSION,
@@ -116,19 +134,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--migration-report-interval", type=_positive_seconds,
                    default=MIGRATION_REPORT_INTERVAL_SECONDS, metavar="S",
                    help="seconds between a migration's progress reports")
+    p.add_argument("--hypervisor", choices=HYPERVISOR_CHOICES, default="auto",
+                   help="guests' domain type on a real host: kvm, qemu (TCG), or auto: kvm "
+                        "if a probe guest runs under KVM, else qemu")
+    p.add_argument("--hypervisor-probe-timeout", type=_positive_seconds,
+                   default=HYPERVISOR_PROBE_SECONDS, metavar="S",
+                   help="seconds the KVM probe guest has to reach long mode")
     sub.add_parser("domxml", help="print the domain XML of a VMI/VM manifest (-f FILE)")
+    i = sub.add_parser("import-image", help="put FILE into image REFERENCE in this node's "
+                                            "image store")
+    i.add_argument("reference", help="the image reference VMIs name, e.g. example.org/os:1")
+    i.add_argument("file")
+    i.add_argument("--path", default="",
+                   help=f"where in the image (default {DISK_DIR_IN_IMAGE}/<FILE's name>: a "
+                        "containerDisk's disk; a kernel or initrd where kernelPath / "
+                        "initrdPath name it)")
+    i.add_argument("--image-dir", default=IMAGE_DIR, help="the node's image store")
     args = parser.parse_args(argv)
     configure()
+    if args.command == "import-image":
+        return _import_image(args.image_dir, args.reference, args.file, args.path)
     cfg = AgentConfig(node=args.node, nats_url=args.nats_url,
                       nats_credentials=args.nats_credentials, nats_ca=args.nats_ca,
                       nats_cert=args.nats_cert, nats_key=args.nats_key, prefix=args.prefix,
                       libvirt_uri=args.libvirt_uri, kvm_devices=args.kvm_devices,
                       tun_devices=args.tun_devices, host_cpu_model=args.host_cpu_model,
-                      disk_dir=args.disk_dir, rediscovery_seconds=args.rediscovery_interval,
+                      disk_dir=args.disk_dir, image_dir=args.image_dir,
+                      rediscovery_seconds=args.rediscovery_interval,
                       sim_state=args.sim_state, agent_version=args.agent_version,
                       sim_migration_bandwidth=args.sim_migration_bandwidth,
                       sim_dirty_rate=args.sim_dirty_rate,
-                      migration_report_seconds=args.migration_report_interval)
+                      migration_report_seconds=args.migration_report_interval,
+                      hypervisor=args.hypervisor,
+                      hypervisor_probe_seconds=args.hypervisor_probe_timeout)
     try:
         agent = NodeAgent(cfg)
     except SimulationRefused as e:

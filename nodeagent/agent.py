@@ -91,10 +91,10 @@ from events.query import Answer, Query, ask
 from events.streams import HEARTBEAT_INTERVAL, wait_for_streams
 from events.subjects import DEFAULT_PREFIX, Layout, encode_token
 from events.transient import describe, is_transient, note, retry_until_stopped, retry_while_running
-from nodeagent import downwardmetrics, lifecycle
+from nodeagent import downwardmetrics, guestdisks, lifecycle
 from nodeagent.converter import convert
 from nodeagent.converter import defaults as converter_defaults
-from nodeagent.converter.context import domain_name, hypervisor_domain_type
+from nodeagent.converter.context import DomainType, domain_name
 from nodeagent.converter.identity import VMI_METADATA_TAG
 from nodeagent.defaults import (
     AGENT_VERSION,
@@ -102,6 +102,8 @@ from nodeagent.defaults import (
     DOMAIN_MISSING_REASON,
     DOWNWARD_METRICS_INTERVAL_SECONDS,
     FETCH_WAIT_SECONDS,
+    HYPERVISOR_PROBE_SECONDS,
+    IMAGE_DIR,
     MIGRATION_REPORT_INTERVAL_SECONDS,
     READ_SERVICE_RETRY_SECONDS,
     READ_SERVICE_WAIT_SECONDS,
@@ -115,12 +117,14 @@ from nodeagent.devices import DeviceLedger
 from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
 from nodeagent.domxml import parse_manifest
 from nodeagent.hostpaths import HostPathError
+from nodeagent.hypervisor import Hypervisor, HypervisorChoice, guest_owner, kvm_runs_guests
+from nodeagent.imagestore import ImageStore
 from nodeagent.migrating import Migrations
 from nodeagent.phases import GuestPhase, Observation, StopCause, judge
 from nodeagent.simhost import TEST_DEFAULT_URI, for_agent
 from nodeagent.virterror import quiet_libvirt_errors
 from nodeagent.vmiref import VMIRef as VMIRef  # noqa: PLC0414 (re-exported)
-from nodeagent.watcher import LifecycleWatcher, to_asyncio
+from nodeagent.watcher import LifecycleWatcher, start_event_loop, to_asyncio
 from nodeagent.worklog import open_worklog
 
 log = structlog.get_logger(__name__)
@@ -165,6 +169,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     host_cpu_model: str = ""
     """'' means: libvirt's own, or `TEST_HOST_CPU_MODEL` on the test driver."""
     disk_dir: str = converter_defaults.DISK_DIR
+    image_dir: str = IMAGE_DIR
+    """The node's image store: containerDisk and kernelBoot images (`--image-dir`)."""
     rediscovery_seconds: float = REDISCOVERY_INTERVAL_SECONDS
     downward_metrics_seconds: float = DOWNWARD_METRICS_INTERVAL_SECONDS
     read_service_wait_seconds: float = READ_SERVICE_WAIT_SECONDS
@@ -176,6 +182,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     sim_dirty_rate: int = SIMULATED_DIRTY_RATE_BYTES_PER_SECOND
     """Bytes per second a simulated guest dirties, unless its VMI's annotation says."""
     migration_report_seconds: float = MIGRATION_REPORT_INTERVAL_SECONDS
+    hypervisor: HypervisorChoice = "auto"
+    """`kvm` or `qemu` as told, or `auto`: KVM if the probe finds it runs guests."""
+    hypervisor_probe_seconds: float = HYPERVISOR_PROBE_SECONDS
 
     @property
     def simulated(self) -> bool:
@@ -230,6 +239,7 @@ class NodeAgent:
                                          tun_devices=cfg.tun_devices, host_cpu_model=cpu_model,
                                          agent_version=cfg.agent_version)
         self.migrations = Migrations(self)
+        self.images = ImageStore(cfg.image_dir)
 
     # -- start-up ----------------------------------------------------------------------
 
@@ -238,11 +248,17 @@ class NodeAgent:
         quiet_libvirt_errors()
         loop = asyncio.get_running_loop()
         uri = self.cfg.libvirt_uri if self.host is None else self.host.uri
+        start_event_loop()  # before the connection, or a remote one (qemu:///system) reads
+        # its events only while some other call of ours is on the wire
         self.conn = await asyncio.to_thread(libvirt.open, uri)
         observations: asyncio.Queue[Observation] = asyncio.Queue()
         self.watcher = LifecycleWatcher(self.conn, to_asyncio(loop, observations),
                                         node=self.cfg.node)
-        self.domain_type = hypervisor_domain_type(self.cfg.libvirt_uri)
+        self.capabilities = capabilities = await asyncio.to_thread(self.conn.getCapabilities)
+        kvm = await asyncio.to_thread(kvm_runs_guests, self.cfg.libvirt_uri, capabilities,
+                                      self.cfg.hypervisor, self.cfg.hypervisor_probe_seconds,
+                                      node=self.cfg.node)
+        self.hypervisor = Hypervisor(self.cfg.libvirt_uri, kvm)
         self.nc = await connect(self.cfg.access, f"agent-{self.cfg.node}")
         try:
             js = self.nc.jetstream()
@@ -272,6 +288,11 @@ class NodeAgent:
             self.watcher.close()
             await self.nc.close()
             await asyncio.to_thread(self.conn.close)
+
+    @property
+    def domain_type(self) -> DomainType:
+        """What this node's guests are defined as (`nodeagent.hypervisor`)."""
+        return self.hypervisor.domain_type
 
     async def _adopt_domains(self) -> None:
         """After a restart: find our guests, rebuild the device ledger, report their phase."""
@@ -389,6 +410,10 @@ class NodeAgent:
             return lifecycle.StopOutcome.ALREADY_GONE
         outcome = await asyncio.to_thread(lifecycle.graceful_stop, self.conn, ref.domain,
                                           grace_seconds, self.watcher)
+        if not self.cfg.simulated:
+            await asyncio.to_thread(guestdisks.remove, self.cfg.disk_dir,
+                                    converter_defaults.RUN_DIR, ref.namespace, ref.name,
+                                    ref.uid)
         self.ledger.release(ref.uid)
         self.domains.pop(ref.domain, None)
         self.metrics_disks.pop(ref.domain, None)
@@ -420,8 +445,9 @@ class NodeAgent:
         return await retry_while_running(call, what, self.stop, node=self.cfg.node, **context)
 
     async def _follow_cluster_cpu_policy(self) -> None:
-        """Take `obsoleteCPUModels` and `minCPUModel` from the effective KubeVirt CR, as
-        virt-handler does; keep the current ones while the read service cannot say."""
+        """Take `obsoleteCPUModels`, `minCPUModel` and `developerConfiguration.useEmulation`
+        from the effective KubeVirt CR, as virt-handler does; keep the current ones while the
+        read service cannot say."""
         try:
             answer = await self._query(KUBEVIRT_KIND)
         except ReadServiceUnavailable:
@@ -432,6 +458,9 @@ class NodeAgent:
         obsolete = config.get("obsoleteCPUModels") or {}
         models = {m for m, on in obsolete.items() if on} if isinstance(obsolete, dict) \
             else set(obsolete)
+        developer = config.get("developerConfiguration") or {}
+        self.hypervisor = dataclasses.replace(
+            self.hypervisor, use_emulation=developer.get("useEmulation") is True)
         self.discovery = dataclasses.replace(
             self.discovery, obsolete_cpu_models=frozenset(models),
             min_cpu_model=config.get("minCPUModel") or KUBEVIRT_MIN_CPU_MODEL)
@@ -439,6 +468,7 @@ class NodeAgent:
     async def report_host(self, *, force: bool = False) -> None:
         """Discover the host; report it when it changed since the last report, or `force`."""
         await self._follow_cluster_cpu_policy()
+        self.discovery = dataclasses.replace(self.discovery, domain_type=self.domain_type)
         info = await asyncio.to_thread(discover_host, self.conn, self.discovery)
         info = msgspec.structs.replace(info, hostname=socket.gethostname())
         fingerprint = host_fingerprint(info)
@@ -669,16 +699,24 @@ class NodeAgent:
             raise InvalidSpec("vmi", "a launch needs the VMI")
         spec, ctx = parse_manifest(vmi, domain_type=self.domain_type,
                                    disk_dir=self.cfg.disk_dir)
+        ctx = msgspec.structs.replace(ctx, serial_log=not self.cfg.simulated)
         xml = convert(spec, ctx)
         metrics_disks = downwardmetrics.disk_paths(spec, ctx)
+        if not self.cfg.simulated:  # a real guest needs its disks; a simulated one opens none
+            await asyncio.to_thread(guestdisks.prepare, spec, ctx, self.images,
+                                    guest_owner(self.capabilities, self.domain_type))
         for path in metrics_disks:
             await asyncio.to_thread(downwardmetrics.create_disk, path)
         self.ledger.acquire(ref.uid, self._device_demand(spec))
         self.domains[ref.domain] = ref
         if metrics_disks:
             self.metrics_disks[ref.domain] = metrics_disks
-        dom = await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml,
-                                      paused=spec.start_strategy == START_PAUSED)
+        try:
+            dom = await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml,
+                                          paused=spec.start_strategy == START_PAUSED)
+        except libvirt.libvirtError:
+            await self._remove(ref)  # the launch fails: nothing of it stays
+            raise
         paused = (await asyncio.to_thread(dom.state))[0] == libvirt.VIR_DOMAIN_PAUSED
         await self._persist()
         await self.report_domain(ref, GuestPhase.RUNNING, "launched", paused=paused)

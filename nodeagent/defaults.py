@@ -48,3 +48,9 @@ migration monitor polls libvirt's job stats every 400 ms; a report a second is e
 status that shows progress)."""
 SOURCE_RESTARTED_REASON: Final = "source agent restarted"
 """Why a migration the source was transferring when its agent stopped has failed."""
+HYPERVISOR_PROBE_SECONDS: Final = 5.0
+"""How long the KVM probe (`nodeagent.hypervisor`) may take before KVM counts as not running
+guests; a working KVM answers in milliseconds."""
+IMAGE_DIR: Final = "/var/lib/virtbus/images"
+"""The node's image store (`nodeagent.imagestore`): `<dir>/<reference, percent-encoded>/`
+holds an image's files, its disk in `disk/`."""

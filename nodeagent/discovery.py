@@ -53,9 +53,11 @@ class DiscoveryConfig:
     min_cpu_model: str = KUBEVIRT_MIN_CPU_MODEL
     host_cpu_model: str = ""
     agent_version: str = AGENT_VERSION
+    domain_type: str = ""
+    """What guests here are defined as (`nodeagent.hypervisor`); '' takes libvirt's best."""
 
     def device_capacity(self) -> dict[str, int]:
-        """Device-plugin resources this node advertises, for the `DeviceLedger`."""
+        """Device-plugin resources this node has, for the `DeviceLedger`."""
         return {KVM_DEVICE: self.kvm_devices, TUN_DEVICE: self.tun_devices}
 
     def obsolete(self) -> frozenset[str]:
@@ -66,13 +68,13 @@ def discover_host(conn: libvirt.virConnect, cfg: DiscoveryConfig) -> NodeInfo:
     """Everything the control plane needs to schedule onto this host."""
     caps = ET.fromstring(conn.getCapabilities())
     arch = caps.findtext("host/cpu/arch", "")
-    domain_type = _domain_type(caps)
+    domain_type = cfg.domain_type or _domain_type(caps)
     cpu_map = CpuMap(conn, arch, domain_type)
     host = host_cpu(conn, cpu_map, cfg.host_cpu_model)
     obsolete = cfg.obsolete()
     models = labelled_models(host, obsolete)
     features = labelled_features(host, cpu_map.min_model_features(cfg.min_cpu_model))
-    capacity, allocatable = _capacity(conn, caps, cfg)
+    capacity, allocatable = _capacity(conn, caps, cfg, domain_type)
     major, rest = divmod(conn.getLibVersion(), 1_000_000)
     info = NodeInfo(
         node_name=cfg.node_name,
@@ -112,8 +114,10 @@ def _hugepages_kib(caps: ET.Element, size_kib: int) -> int:
 
 
 def _capacity(
-    conn: libvirt.virConnect, caps: ET.Element, cfg: DiscoveryConfig
+    conn: libvirt.virConnect, caps: ET.Element, cfg: DiscoveryConfig, domain_type: str
 ) -> tuple[dict[str, str], dict[str, str]]:
+    """As the kubelet counts them; no `devices.kubevirt.io/kvm` where guests are emulated
+    (KubeVirt's kvm device plugin has no healthy device without a usable /dev/kvm)."""
     _, memory_mib, cpus, *_ = conn.getInfo()
     memory_kib = memory_mib * 1024
     hugepages = {size: _hugepages_kib(caps, size) for size in HUGEPAGE_SIZES_KIB}
@@ -121,7 +125,7 @@ def _capacity(
         RESOURCE_CPU: str(cpus),
         RESOURCE_MEMORY: kib_quantity(memory_kib),
         **{hugepages_resource(size): kib_quantity(kib) for size, kib in hugepages.items()},
-        KVM_DEVICE: str(cfg.kvm_devices),
+        KVM_DEVICE: str(0 if domain_type == "qemu" else cfg.kvm_devices),
         TUN_DEVICE: str(cfg.tun_devices),
         RESOURCE_PODS: str(cfg.max_pods),
     }

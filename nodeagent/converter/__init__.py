@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nodeagent.converter.context import ConverterContext, DomainType, hypervisor_domain_type
+from nodeagent.converter.context import ConverterContext, DomainType
 from nodeagent.converter.disks import DiskSource, volume_source
 from nodeagent.converter.pipeline import convert
 
@@ -11,6 +11,5 @@ __all__ = [
     "DiskSource",
     "DomainType",
     "convert",
-    "hypervisor_domain_type",
     "volume_source",
 ]

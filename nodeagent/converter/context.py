@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Literal
 
 import msgspec
@@ -37,6 +36,8 @@ class ConverterContext(msgspec.Struct, frozen=True, kw_only=True):
     run_dir: str = defaults.RUN_DIR
     ovmf_dir: str = defaults.OVMF_DIR
     memfd: bool = True
+    serial_log: bool = False
+    """Log the serial console to a file beside its socket (`console.SERIAL_LOG`)."""
 
     @property
     def domain_name(self) -> str:
@@ -62,10 +63,3 @@ class ConverterContext(msgspec.Struct, frozen=True, kw_only=True):
 def memfd_from_annotations(annotations: Mapping[str, object]) -> bool:
     """KubeVirt backs hugepages with memfd unless the VMI's annotation says "false"."""
     return annotations.get(defaults.MEMFD_ANNOTATION) != "false"
-
-
-def hypervisor_domain_type(uri: str, kvm_device: str = "/dev/kvm") -> DomainType:
-    """`test` on libvirt's test driver, else `kvm`, or `qemu` (emulation) without /dev/kvm."""
-    if uri.startswith("test:"):
-        return "test"
-    return "kvm" if os.path.exists(kvm_device) else "qemu"

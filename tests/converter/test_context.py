@@ -1,35 +1,16 @@
-"""Domain type by hypervisor: test driver, KVM, or plain QEMU emulation; what the context
-takes from the manifest besides the spec."""
+"""What the context takes from the manifest besides the spec (the domain type is
+`nodeagent.hypervisor`'s, tested in tests/nodeagent/test_hypervisor.py)."""
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from typing import TYPE_CHECKING
 
 import yaml
 
-from nodeagent.converter import ConverterContext, hypervisor_domain_type
+from nodeagent.converter import ConverterContext
 from nodeagent.converter.defaults import MEMFD_ANNOTATION
 from nodeagent.domxml import render_manifest
 from tests.converter.golden import GOLDEN_DIR
-
-if TYPE_CHECKING:
-    import pathlib
-
-
-def test_test_driver_gets_type_test() -> None:
-    assert hypervisor_domain_type("test:///default") == "test"
-
-
-def test_kvm_when_device_exists(tmp_path: pathlib.Path) -> None:
-    kvm = tmp_path / "kvm"
-    kvm.touch()
-    assert hypervisor_domain_type("qemu:///system", kvm_device=str(kvm)) == "kvm"
-
-
-def test_qemu_emulation_without_kvm(tmp_path: pathlib.Path) -> None:
-    missing = str(tmp_path / "kvm")
-    assert hypervisor_domain_type("qemu:///system", kvm_device=missing) == "qemu"
 
 
 def test_domain_name_and_paths() -> None:
