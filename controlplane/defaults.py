@@ -44,3 +44,6 @@ CRASH_LOOP_BACKOFF_MIN_INTERVAL_SECONDS: Final = 10
 """KubeVirt's minInterval of `calculateStartBackoffTime`: the first failure's base delay."""
 VM_BACKOFF_CHECK_PERIOD_SECONDS: Final = 1.0
 """How often the VM controller looks for VMs whose crash-loop backoff has run out."""
+FLEET_MIN_NODES: Final = 10
+"""From this many simulated nodes on, `virtbus up` runs them as one fleet process
+(`python -m nodeagent fleet`) rather than a process each (some 60 MB apiece)."""

@@ -48,3 +48,10 @@ migration monitor polls libvirt's job stats every 400 ms; a report a second is e
 status that shows progress)."""
 SOURCE_RESTARTED_REASON: Final = "source agent restarted"
 """Why a migration the source was transferring when its agent stopped has failed."""
+FLEET_NODE_PREFIX: Final = "node-"
+"""A fleet's nodes are `node-<first>`, `node-<first+1>`, ...: as `virtbus up` names agents."""
+FLEET_LIBVIRT_THREADS: Final = 16
+"""Threads a fleet lends its agents for libvirt calls (one pool for every node: a test-driver
+call is short, and a node's calls take turns on its own connection anyway)."""
+FLEET_RESTART_SECONDS: Final = 1.0
+"""How long a fleet waits before it starts again a node agent that failed."""

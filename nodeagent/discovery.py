@@ -53,6 +53,10 @@ class DiscoveryConfig:
     min_cpu_model: str = KUBEVIRT_MIN_CPU_MODEL
     host_cpu_model: str = ""
     agent_version: str = AGENT_VERSION
+    cpus: int = 0
+    """A simulated host's size, over what the test driver says (it has 16 CPUs and 3 GiB for
+    every host); 0 keeps libvirt's figure."""
+    memory_bytes: int = 0
 
     def device_capacity(self) -> dict[str, int]:
         """Device-plugin resources this node advertises, for the `DeviceLedger`."""
@@ -115,7 +119,8 @@ def _capacity(
     conn: libvirt.virConnect, caps: ET.Element, cfg: DiscoveryConfig
 ) -> tuple[dict[str, str], dict[str, str]]:
     _, memory_mib, cpus, *_ = conn.getInfo()
-    memory_kib = memory_mib * 1024
+    cpus = cfg.cpus or cpus
+    memory_kib = cfg.memory_bytes // 1024 or memory_mib * 1024
     hugepages = {size: _hugepages_kib(caps, size) for size in HUGEPAGE_SIZES_KIB}
     capacity = {
         RESOURCE_CPU: str(cpus),
