@@ -55,6 +55,7 @@ from projections.cluster import ClusterState
 from projections.eviction import DrainProgress, drain_progress
 from projections.follower import follow, read_event, start_sequence_at
 from projections.service import render, render_view
+from projections.snapshots import Snapshots, restore
 
 KIND_TOKENS = {"VirtualMachine": VM_KIND, "VirtualMachineInstance": VMI_KIND, "Node": NODE_KIND,
                "VirtualMachineInstanceMigration": MIGRATION_KIND, HCO_API_KIND: HCO_KIND,
@@ -319,8 +320,9 @@ class Client:
         stop = at if isinstance(at, int) else await start_sequence_at(self.nc, self.layout,
                                                                       at) - 1
         state = ClusterState()
+        start = await restore(Snapshots(self.nc, self.layout), state, at_most=stop)
         for msg in await read_all(self.nc, self.layout.events_stream,
-                                  self.layout.events_filter(), stop=stop):
+                                  self.layout.events_filter(), start=start, stop=stop):
             event = read_event(msg, on_skip=state.skip)  # one this version cannot read: None
             if event is not None:
                 state.apply(event, sequence(msg))
@@ -337,6 +339,7 @@ class Client:
         from now when `since` is None, then live."""
         first = await self._first(since)
         state = ClusterState()
+        start = await restore(Snapshots(self.nc, self.layout), state, at_most=first - 1)
         token = KIND_TOKENS[kind]
         queue: asyncio.Queue[Change] = asyncio.Queue()
 
@@ -355,7 +358,8 @@ class Client:
             await queue.put(Change(seq, event, render_view(state, view)))
 
         stop = asyncio.Event()
-        task = asyncio.ensure_future(follow(self.nc, self.layout, on_event, stop=stop))
+        task = asyncio.ensure_future(follow(self.nc, self.layout, on_event, start=start,
+                                            stop=stop))
         try:
             while True:
                 getter = asyncio.ensure_future(queue.get())
