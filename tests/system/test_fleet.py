@@ -18,12 +18,15 @@ VMS = 6
 NODE_MEMORY = "16Gi"
 VM_MEMORY = "4Gi"
 """More than a test-driver host's own 3Gi: only a sized node takes such a VM."""
+NODE_GRACE_SECONDS = 120.0
+"""Longer than a fleet takes to start again on a loaded machine: the restart is not a node
+failure (which would fail the VMIs, destroy their guests and place new ones)."""
 
 
 @pytest.fixture
 def fleet(nats_url: str, prefix: str, tmp_path: Path) -> Iterator[System]:
-    system = System(nats_url, prefix, tmp_path, nodes=NODES, fleet=True, node_cpus=8,
-                    node_memory=int(quantity(NODE_MEMORY)))
+    system = System(nats_url, prefix, tmp_path, nodes=NODES, node_grace=NODE_GRACE_SECONDS,
+                    fleet=True, node_cpus=8, node_memory=int(quantity(NODE_MEMORY)))
     try:
         system.start_all()
         yield system
