@@ -627,6 +627,9 @@ def main(argv: list[str] | None = None) -> int:
                          node_memory=int(args.node_memory),
                          **({"node_grace_seconds": args.node_grace} if args.node_grace else {}))
         sized = opts.fleet or opts.node_cpus or opts.node_memory
+        if opts.node_cpus < 0 or opts.node_memory < 0:
+            print("error: --node-cpu and --node-memory must not be negative", file=sys.stderr)
+            return 2
         if sized and not opts.uses_fleet:
             print("error: --fleet, --node-cpu and --node-memory simulate nodes in one process: "
                   f"{TEST_DRIVER_URI} only, and not with --secure (a fleet has one NATS "

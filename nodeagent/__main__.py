@@ -30,8 +30,8 @@ from nodeagent.lifecycle import SimulationRefused
 from nodeagent.simhost import TEST_DEFAULT_URI
 
 
-def _bytes_per_second(text: str) -> int:
-    """A Kubernetes quantity (`64Mi`, `1G`) of bytes per second, for argparse."""
+def _bytes(text: str) -> int:
+    """A Kubernetes quantity (`64Mi`, `1G`) of bytes (or bytes per second), for argparse."""
     try:
         value = int(quantity(text))
     except (ValueError, ArithmeticError):
@@ -43,7 +43,7 @@ def _bytes_per_second(text: str) -> int:
 
 def _link_bandwidth(text: str) -> int:
     """A simulated link's bytes per second: a link that sends nothing never converges."""
-    value = _bytes_per_second(text)
+    value = _bytes(text)
     if value == 0:
         raise argparse.ArgumentTypeError(f"must be more than 0: {text!r}")
     return value
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                    default=SIMULATED_BANDWIDTH_BYTES_PER_SECOND, metavar="QUANTITY",
                    help="bytes per second of the test driver's simulated migration link "
                         "(a migration's own bandwidth limit applies when lower)")
-    p.add_argument("--sim-dirty-rate", type=_bytes_per_second,
+    p.add_argument("--sim-dirty-rate", type=_bytes,
                    default=SIMULATED_DIRTY_RATE_BYTES_PER_SECOND, metavar="QUANTITY",
                    help="bytes per second a simulated guest dirties during a migration, "
                         "unless its VMI's virtbus.io/simulated-dirty-rate annotation says")
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                         "restarted fleet finds its guests")
     f.add_argument("--cpu", type=_count, default=0,
                    help="CPUs of each node (default: the test driver's 16)")
-    f.add_argument("--memory", type=_bytes_per_second, default=0, metavar="QUANTITY",
+    f.add_argument("--memory", type=_bytes, default=0, metavar="QUANTITY",
                    help="memory of each node, a quantity (default: the test driver's 3Gi)")
     f.add_argument("--kvm", type=int, default=DEVICE_PLUGIN_CAPACITY,
                    help="devices.kubevirt.io/kvm each node offers")
