@@ -99,7 +99,7 @@ class _SnapshotFile(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # msgpack extension codes of `_pack`.
-_TUPLE, _LIST_SET, _FROZENSET, _DICT, _DATETIME, _TIMEDELTA, _STRUCT = range(1, 8)
+_TUPLE, _SET, _FROZENSET, _DICT, _DATETIME, _TIMEDELTA, _STRUCT = range(1, 8)
 _SCALARS: Final = (bool, int, float, str, bytes)
 
 
@@ -136,7 +136,7 @@ def _pack(value: Any) -> Any:
     if kind is dict:
         return _ext(_DICT, [[_pack(k), _pack(v)] for k, v in value.items()])
     if kind is set or kind is frozenset:
-        return _ext(_LIST_SET if kind is set else _FROZENSET, [_pack(v) for v in value])
+        return _ext(_SET if kind is set else _FROZENSET, [_pack(v) for v in value])
     if kind is datetime:
         return msgspec.msgpack.Ext(_DATETIME, value.isoformat().encode())
     if kind is timedelta:
@@ -162,7 +162,7 @@ def _struct_of(items: list[Any]) -> msgspec.Struct:
 
 _BUILDERS: Final[dict[int, Any]] = {
     _TUPLE: tuple,
-    _LIST_SET: set,
+    _SET: set,
     _FROZENSET: frozenset,
     _DICT: lambda items: {k: v for k, v in items},
     _TIMEDELTA: lambda items: timedelta(days=items[0], seconds=items[1],
