@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ import nats
 from nats.aio.msg import Msg
 from nats.js.api import StorageType, StreamConfig
 
-from bench.common import nats_server, positive, raw_stream, raw_subject
+from bench.common import nats_server, percentile, positive, raw_stream, raw_subject
 from controlplane.client import Client
 from events.streams import ensure_all
 from events.subjects import Layout
@@ -99,11 +98,6 @@ async def drive(url: str, layout: Layout, clients: int,
     finally:
         for vb in connected:
             await vb.close()
-
-
-def percentile(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(
-        values) > 1 else values[0]
 
 
 async def measure(url: str, clients: int, commands: int) -> dict[str, float | int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import tempfile
 import time
 import uuid
@@ -71,6 +72,11 @@ async def timed_async(count: int, work: Callable[[], Awaitable[object]]) -> Rate
     start = time.perf_counter()
     await work()
     return Rate(count, time.perf_counter() - start)
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(
+        values) > 1 else values[0]
 
 
 def positive(text: str) -> int:

@@ -23,10 +23,11 @@ from nats.errors import NoRespondersError, NoServersError
 
 from controlplane.client import Client, CommandRejected
 from controlplane.context import resolve
-from controlplane.defaults import TEST_DRIVER_URI
+from controlplane.defaults import FLEET_MIN_NODES, TEST_DRIVER_URI
 from controlplane.node_commands import TaintKey
 from events.api.manifest import parse_documents
 from events.api.replicaset import DEFAULT_REPLICAS, PRESET, REPLICA_SET
+from events.api.resources import quantity
 from events.api.scheduling import TAINT_EFFECTS, Taint
 from events.connect import (
     NATS_FAILURES,
@@ -469,6 +470,14 @@ def parser() -> argparse.ArgumentParser:
                         "enforced; material kept in DATA_DIR/secure")
     u.add_argument("--policy", type=Path, default=None,
                    help="with --secure: the RBAC policy (default: operator is cluster-admin)")
+    u.add_argument("--fleet", action="store_true",
+                   help=f"simulated nodes in one process (the default from {FLEET_MIN_NODES} "
+                        "nodes on)")
+    u.add_argument("--node-cpu", type=int, default=0,
+                   help="CPUs of each simulated node (a fleet; default: the test driver's 16)")
+    u.add_argument("--node-memory", type=quantity, default=0, metavar="QUANTITY",
+                   help="memory of each simulated node (a fleet; default: the test driver's "
+                        "3Gi)")
 
     _writers(sub)
     _readers(sub)
@@ -644,7 +653,18 @@ def main(argv: list[str] | None = None) -> int:
                          libvirt_uri=args.libvirt_uri,
                          replicas=args.replicas, http_port=args.http_port,
                          secure=args.secure or args.policy is not None, policy=args.policy,
+                         fleet=args.fleet, node_cpus=args.node_cpu,
+                         node_memory=int(args.node_memory),
                          **({"node_grace_seconds": args.node_grace} if args.node_grace else {}))
+        sized = opts.fleet or opts.node_cpus or opts.node_memory
+        if opts.node_cpus < 0 or opts.node_memory < 0:
+            print("error: --node-cpu and --node-memory must not be negative", file=sys.stderr)
+            return 2
+        if sized and not opts.uses_fleet:
+            print("error: --fleet, --node-cpu and --node-memory simulate nodes in one process: "
+                  f"{TEST_DRIVER_URI} only, and not with --secure (a fleet has one NATS "
+                  "identity)", file=sys.stderr)
+            return 2
         if opts.secure and opts.nats_url:
             print("error: --secure runs its own nats-server; for a server of your own, give "
                   "it `python -m events.authorization`'s accounts and TLS", file=sys.stderr)

@@ -47,3 +47,6 @@ VM_BACKOFF_CHECK_PERIOD_SECONDS: Final = 1.0
 REPLICA_SET_BURST_REPLICAS: Final = 250
 """KubeVirt's `controller.BurstReplicas`: the most VMIs a replica set creates or deletes in
 one pass."""
+FLEET_MIN_NODES: Final = 10
+"""From this many simulated nodes on, `virtbus up` runs them as one fleet process
+(`python -m nodeagent fleet`) rather than a process each (some 60 MB apiece)."""

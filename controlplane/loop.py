@@ -1,8 +1,9 @@
 """The control loop: one pass over the log feeds the read model, the dispatcher and the
 controllers, in that order, so each sees the same state at the same point.
 
-Start-up replays the whole log into the read model (dispatching only past the dispatcher's
-checkpoint), then reconciles every object once, then follows new events live.
+Start-up replays the log into the read model, from the newest snapshot no later than the
+dispatcher's checkpoint (`projections.snapshots`), dispatching only past that checkpoint,
+then reconciles every object once, then follows new events live.
 
 What NATS cannot do now (a server of the cluster lost, a leader being elected) is retried
 where it failed, one log line per attempt, until it works or the loop stops: a dispatch
@@ -43,6 +44,7 @@ from events.subjects import Layout
 from events.transient import is_transient, note, retry_until_stopped
 from projections.cluster import ClusterState
 from projections.follower import follow
+from projections.snapshots import Snapshots, restore
 
 log = structlog.get_logger(__name__)
 
@@ -77,10 +79,15 @@ class ControlLoop:
                                                "loading the dispatcher's checkpoint", stop)
         if checkpoint is None:  # stopped first
             return
-        log.info("control loop replaying", dispatcher_checkpoint=checkpoint)
+        # From a snapshot no later than the checkpoint, so the dispatcher sees every event it
+        # has still to dispatch; the writer's memory starts as a copy of the same views.
+        start = await restore(Snapshots(self.nc, self.layout), self.state, at_most=checkpoint)
+        self.writer.handler.memory.views.update(
+            {agg_id: view.copy() for agg_id, view in self.state.views.items()})
+        log.info("control loop replaying", dispatcher_checkpoint=checkpoint, start=start)
         await asyncio.gather(
-            follow(self.nc, self.layout, self._on_event, on_caught_up=self._caught_up,
-                   stop=stop),
+            follow(self.nc, self.layout, self._on_event, start=start,
+                   on_caught_up=self._caught_up, stop=stop),
             self._watch_heartbeats(stop),
             self._monitor_nodes(stop),
             self._wake_backoffs(stop),

@@ -16,7 +16,7 @@ import msgspec
 import structlog
 
 from controlplane.context import Context, write_context
-from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS, TEST_DRIVER_URI
+from controlplane.defaults import FLEET_MIN_NODES, NODE_MONITOR_GRACE_SECONDS, TEST_DRIVER_URI
 from controlplane.secured import OPERATOR_USER, Secured, secure
 from events.connect import Access
 from events.server import EmbeddedNats, free_port
@@ -44,6 +44,18 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     (`controlplane.secured`)."""
     policy: Path | None = None
     """The RBAC policy of a secured installation (default: the operator may do all)."""
+    fleet: bool = False
+    """Simulated nodes in one fleet process even when fewer than `FLEET_MIN_NODES`."""
+    node_cpus: int = 0
+    """Each simulated node's CPUs and memory (bytes) in a fleet; 0 keeps the test driver's."""
+    node_memory: int = 0
+
+    @property
+    def uses_fleet(self) -> bool:
+        """Whether the nodes run as one fleet: simulated, sized or many, and not secured (a
+        fleet shares one NATS identity, where a secured node may speak only for itself)."""
+        asked = self.fleet or self.nodes >= FLEET_MIN_NODES or self.node_cpus or self.node_memory
+        return bool(asked) and self.libvirt_uri == TEST_DRIVER_URI and not self.secure
 
 
 class Child:
@@ -80,6 +92,10 @@ def node_names(opts: UpOptions) -> list[str]:
     return [f"node-{i}" for i in range(1, opts.nodes + 1)]
 
 
+def _listed(names: list[str], shown: int = 5) -> str:
+    return ", ".join(names) if len(names) <= shown else f"{names[0]} ... {names[-1]}"
+
+
 def children(opts: UpOptions, url: str, logs: Path, http_port: int,
              secured: Secured | None = None) -> list[Child]:
     common = ["--nats-url", url, "--prefix", opts.prefix]
@@ -99,6 +115,9 @@ def children(opts: UpOptions, url: str, logs: Path, http_port: int,
                               *(["--token-auth-file", secured.http_tokens] if secured else []),
                               "--listen", f"127.0.0.1:{http_port}"], logs),
     ]
+    if opts.uses_fleet:
+        out.append(Child("fleet", fleet_args(opts, common), logs))
+        return out
     for node in node_names(opts):
         own = login(secured.node_credentials(node) if secured else "")
         out.append(Child(node, agent_args(node, [*common, *own], opts.libvirt_uri,
@@ -115,6 +134,16 @@ def agent_args(node: str, common: list[str], libvirt_uri: str, data_dir: Path) -
     if libvirt_uri == TEST_DRIVER_URI:
         args += ["--sim-state", str(data_dir / "hosts" / f"{node}.xml")]
     return args
+
+
+def fleet_args(opts: UpOptions, common: list[str]) -> list[str]:
+    """The fleet's arguments: its hosts kept where single agents keep theirs, so an
+    installation may switch between the two and keep its guests."""
+    return ["-m", "nodeagent", "fleet", *common, "--nodes", str(opts.nodes),
+            "--state-dir", str(opts.data_dir / "hosts"),
+            "--disk-dir", str(opts.data_dir / "disks"),
+            *(["--cpu", str(opts.node_cpus)] if opts.node_cpus else []),
+            *(["--memory", str(opts.node_memory)] if opts.node_memory else [])]
 
 
 def up(opts: UpOptions) -> int:
@@ -145,6 +174,7 @@ def up(opts: UpOptions) -> int:
     path = write_context(Context(nats_url=url, prefix=opts.prefix, data_dir=str(opts.data_dir),
                                  credentials=secured.operator if secured else "",
                                  ca=secured.ca if secured else ""))
+    fleet = " (one fleet process)" if opts.uses_fleet else ""
     security = (f"TLS, you are {OPERATOR_USER!r}, policy {secured.policy}, HTTP bearer "
                 f"tokens in {secured.http_tokens}" if secured
                 else "open: no TLS, no identities, every user may do everything")
@@ -153,7 +183,7 @@ def up(opts: UpOptions) -> int:
           f"  HTTP:      http://127.0.0.1:{http_port}/apis/kubevirt.io/v1/virtualmachines"
           f" (and /metrics)\n"
           f"  data:      {opts.data_dir}\n  logs:      {logs}/\n  context:   {path}\n"
-          f"  nodes:     {', '.join(c.name for c in procs if c.name.startswith('node-'))}\n"
+          f"  nodes:     {_listed(node_names(opts))}{fleet}\n"
           "Try: virtbus apply -f examples/vm-cirros.yaml && virtbus get vm\n"
           "Ctrl-C stops everything.", flush=True)
     stopping = False

@@ -109,6 +109,13 @@ class _Api:
         return [f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>",
                 f"$JS.API.STREAM.MSG.GET.{stream}"]
 
+    def snapshot_reads(self) -> list[str]:
+        """Reading the read-model snapshots (object store): the meta and chunks by an
+        ordered consumer, the meta of one object by last-by-subject."""
+        stream = self.layout.read_snapshots_stream
+        return [*self.stream_info(stream), *self.reads(stream),
+                *self.consumers(stream, durable=False, acks=False)]
+
     def kv_reads(self, bucket: str, keys: str = ">") -> list[str]:
         """Reads of `keys`: Direct Get, whose subject names the key, on a bucket read so
         (`events.streams.reads_direct`); else the stored-message get, which reads any key
@@ -133,6 +140,7 @@ class _Api:
         layout = self.layout
         return [layout.events_stream, layout.snapshots_stream, layout.commands_stream,
                 layout.node_stream, layout.reports_stream, layout.dead_letter_stream,
+                layout.read_snapshots_stream,
                 *(self.kv(b) for b in self.buckets())]
 
     def buckets(self) -> list[str]:
@@ -181,6 +189,7 @@ def controlplane(layout: Layout) -> NatsUser:
                  *_COMMON, "$JS.API.STREAM.LIST",
                  *api.stream_info(*api.streams()),
                  *api.reads(events), *api.reads(layout.snapshots_stream), *api.reads(commands),
+                 *api.snapshot_reads(),
                  *(r for b in buckets[:4] for r in api.kv_reads(b)),
                  *api.consumers(events), *api.consumers(commands), *api.consumers(reports),
                  f"$JS.API.CONSUMER.NAMES.{node}", f"$JS.API.CONSUMER.INFO.{node}.*",
@@ -195,12 +204,14 @@ def projections(layout: Layout) -> NatsUser:
     api, events = _Api(layout), layout.events_stream
     return NatsUser(
         name=PROJECTIONS_USER,
-        about="Folds the event log into read models, keeps its positions in the checkpoints "
+        about="Folds the event log into read models (and writes their snapshots), keeps its "
+              "positions in the checkpoints "
               "bucket, and answers queries: on the control plane's inboxes, and on the "
               "`_R_.` replies the server maps a USERS requester's reply to. No "
               "`allow_responses`, which would let a requester aim an answer at any subject "
               "(an event subject among them).",
         publish=[f"$KV.{layout.checkpoints_bucket}.>", "_INBOX.>", "_R_.>", *_COMMON,
+                 f"$O.{layout.read_snapshots_bucket}.>", *api.snapshot_reads(),
                  *api.stream_info(events, layout.reports_stream,
                                   api.kv(layout.checkpoints_bucket)),
                  *api.reads(events), *api.kv_reads(layout.checkpoints_bucket),
@@ -223,7 +234,7 @@ def person(layout: Layout, user: str, *, reads_all_events: bool, operates: bool)
                *api.kv_reads(outcomes, f"{token}.>")]
     if reads_all_events:
         publish += [*api.reads(layout.events_stream),
-                    *api.consumers(layout.events_stream, durable=False)]
+                    *api.consumers(layout.events_stream, durable=False), *api.snapshot_reads()]
     peers = [f"{p}.agent.*.>"] if operates else []
     if operates:  # dead letters hold every user's messages; simulations are test-only
         publish += [*api.reads(layout.dead_letter_stream), *peers]

@@ -26,6 +26,10 @@ EVENT_DEDUPE_WINDOW: Final = 10 * 60.0
 COMMAND_RETENTION: Final = 7 * 24 * 3600.0
 DEAD_LETTER_RETENTION: Final = 30 * 24 * 3600.0
 NODE_DEDUPE_WINDOW: Final = 60 * 60.0
+READ_SNAPSHOTS_MAX_MESSAGES: Final = 4096
+"""Messages (128 KiB object chunks, and each object's meta) the read-model snapshots may take
+before the oldest go: at most some 512 MiB. A count, not `max_bytes`, which the server would
+reserve in full for every installation at once."""
 HEARTBEAT_TTL: Final = 60.0
 """Heartbeat entries outlive any grace period; staleness is judged by the control plane."""
 HEARTBEAT_INTERVAL: Final = 2.0
@@ -65,9 +69,27 @@ def snapshots_stream_config(layout: Layout) -> StreamConfig:
     )
 
 
+def read_snapshots_stream_config(layout: Layout, replicas: int = 1) -> StreamConfig:
+    """The object store of read-model snapshots, as nats-py would make it, but a ring: at
+    `READ_SNAPSHOTS_MAX_MESSAGES` the oldest chunks go (an object that lost some is corrupt and
+    ignored by its readers), so nobody needs the purge every stream denies."""
+    bucket = layout.read_snapshots_bucket
+    return StreamConfig(
+        name=layout.read_snapshots_stream,
+        subjects=[f"$O.{bucket}.C.>", f"$O.{bucket}.M.>"],
+        storage=StorageType.FILE,
+        max_msgs=READ_SNAPSHOTS_MAX_MESSAGES,
+        discard=DiscardPolicy.OLD,
+        allow_rollup_hdrs=True,
+        allow_direct=True,
+        num_replicas=replicas,
+    )
+
+
 def _stream_configs(layout: Layout, replicas: int) -> list[StreamConfig]:
     return [
         events_stream_config(layout, replicas),
+        read_snapshots_stream_config(layout, replicas),
         StreamConfig(
             name=layout.commands_stream,
             subjects=[layout.commands_filter],

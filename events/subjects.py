@@ -9,6 +9,7 @@ Layout (prefix `p`, upper-cased `P` for stream and bucket names):
 | node work queue  | `P_NODE`, subjects `p.node.>`          |
 | report queue     | `P_REPORTS`, subjects `p.report.>`     |
 | KV buckets       | `P_HEARTBEATS`, `P_LEASES`, `P_CHECKPOINTS`, `P_OUTCOMES`, `P_APPLIED` |
+| object store     | `P_READ_SNAPSHOTS` (read-model snapshots; derived data)                |
 
 Aggregate ids are strings `<kind>.<namespace>.<name>` whose tokens are subject-safe, so an
 aggregate's events live on the subject `p.ev.<aggregate id>`; UUID ids (the library's own
@@ -107,6 +108,16 @@ class Layout(msgspec.Struct, frozen=True):
     @property
     def outcomes_bucket(self) -> str:
         return f"{self.upper}_OUTCOMES"
+
+    @property
+    def read_snapshots_bucket(self) -> str:
+        """Object store of read-model snapshots (`projections.snapshots`): derived data."""
+        return f"{self.upper}_READ_SNAPSHOTS"
+
+    @property
+    def read_snapshots_stream(self) -> str:
+        """The object store's stream, as JetStream names it."""
+        return f"OBJ_{self.read_snapshots_bucket}"
 
     @property
     def applied_bucket(self) -> str:

@@ -1,5 +1,5 @@
-"""`python -m nodeagent run|domxml|import-image`: the agent of one host, the converter on its
-own, and the host's image store filled."""
+"""`python -m nodeagent run|fleet|domxml|import-image`: the agent of one host, a fleet of
+simulated nodes in one process, the converter on its own, and the host's image store filled."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import argparse
 import asyncio
 import signal
 import sys
+from pathlib import Path
+from typing import Protocol
 
 from events.api.resources import quantity
-from events.connect import NATS_FAILURES, add_arguments, stopped_by
+from events.connect import NATS_FAILURES, Access, add_arguments, stopped_by
 from events.errors import InvalidSpec
 from events.logs import configure
 from nodeagent.agent import AgentConfig, NodeAgent
@@ -26,14 +28,15 @@ from nodeagent.defaults import (
     TEST_HOST_CPU_MODEL,
 )
 from nodeagent.domxml import main_domxml
+from nodeagent.fleet import Fleet, FleetConfig
 from nodeagent.hypervisor import HYPERVISOR_CHOICES
 from nodeagent.imagestore import DISK_DIR_IN_IMAGE, ImageStore
 from nodeagent.lifecycle import SimulationRefused
 from nodeagent.simhost import TEST_DEFAULT_URI
 
 
-def _bytes_per_second(text: str) -> int:
-    """A Kubernetes quantity (`64Mi`, `1G`) of bytes per second, for argparse."""
+def _bytes(text: str) -> int:
+    """A Kubernetes quantity (`64Mi`, `1G`) of bytes (or bytes per second), for argparse."""
     try:
         value = int(quantity(text))
     except (ValueError, ArithmeticError):
@@ -45,7 +48,7 @@ def _bytes_per_second(text: str) -> int:
 
 def _link_bandwidth(text: str) -> int:
     """A simulated link's bytes per second: a link that sends nothing never converges."""
-    value = _bytes_per_second(text)
+    value = _bytes(text)
     if value == 0:
         raise argparse.ArgumentTypeError(f"must be more than 0: {text!r}")
     return value
@@ -61,10 +64,29 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-async def _serve(agent: NodeAgent) -> None:
-    """The agent until SIGTERM or SIGINT. A signal before it has started (NATS may not be
-    answering: its connection retries for ever) cancels the start-up, which holds nothing
-    that must be finished; after, it stops the agent in order."""
+def _count(text: str) -> int:
+    """A count of at least 1, for argparse."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+class Served(Protocol):
+    """An agent or a fleet: it runs until its stop, and says when it has started."""
+
+    started: asyncio.Event
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+async def _serve(agent: Served) -> None:
+    """The agent (or fleet) until SIGTERM or SIGINT. A signal before it has started (NATS
+    may not be answering: its connection retries for ever) cancels the start-up, which holds
+    nothing that must be finished; after, it stops the agent in order."""
     stop = asyncio.Event()
     run = asyncio.ensure_future(agent.run(stop))
 
@@ -127,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                    default=SIMULATED_BANDWIDTH_BYTES_PER_SECOND, metavar="QUANTITY",
                    help="bytes per second of the test driver's simulated migration link "
                         "(a migration's own bandwidth limit applies when lower)")
-    p.add_argument("--sim-dirty-rate", type=_bytes_per_second,
+    p.add_argument("--sim-dirty-rate", type=_bytes,
                    default=SIMULATED_DIRTY_RATE_BYTES_PER_SECOND, metavar="QUANTITY",
                    help="bytes per second a simulated guest dirties during a migration, "
                         "unless its VMI's virtbus.io/simulated-dirty-rate annotation says")
@@ -140,6 +162,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hypervisor-probe-timeout", type=_positive_seconds,
                    default=HYPERVISOR_PROBE_SECONDS, metavar="S",
                    help="seconds the KVM probe guest has to reach long mode")
+    f = sub.add_parser("fleet", help="run many simulated nodes in one process")
+    f.add_argument("--nodes", type=_count, required=True, help="how many nodes")
+    f.add_argument("--first", type=_count, default=1,
+                   help="the number of the first node (node-<first>, node-<first+1>, ...)")
+    add_arguments(f)
+    f.add_argument("--state-dir", type=Path, required=True, metavar="DIR",
+                   help="where each node's simulated host is kept (DIR/<node>.xml), so a "
+                        "restarted fleet finds its guests")
+    f.add_argument("--cpu", type=_count, default=0,
+                   help="CPUs of each node (default: the test driver's 16)")
+    f.add_argument("--memory", type=_bytes, default=0, metavar="QUANTITY",
+                   help="memory of each node, a quantity (default: the test driver's 3Gi)")
+    f.add_argument("--kvm", type=int, default=DEVICE_PLUGIN_CAPACITY,
+                   help="devices.kubevirt.io/kvm each node offers")
+    f.add_argument("--tun", type=int, default=DEVICE_PLUGIN_CAPACITY,
+                   help="devices.kubevirt.io/tun each node offers")
+    f.add_argument("--disk-dir", default=defaults.DISK_DIR,
+                   help="where disk images (containerDisk, PVC, emptyDisk) are resolved")
     sub.add_parser("domxml", help="print the domain XML of a VMI/VM manifest (-f FILE)")
     i = sub.add_parser("import-image", help="put FILE into image REFERENCE in this node's "
                                             "image store")
@@ -154,6 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     configure()
     if args.command == "import-image":
         return _import_image(args.image_dir, args.reference, args.file, args.path)
+    if args.command == "fleet":
+        fleet = Fleet(FleetConfig(
+            access=Access(args.nats_url, credentials=args.nats_credentials, ca=args.nats_ca,
+                          cert=args.nats_cert, key=args.nats_key),
+            prefix=args.prefix, nodes=args.nodes, first=args.first,
+            state_dir=args.state_dir.absolute(), cpus=args.cpu, memory=args.memory,
+            kvm_devices=args.kvm, tun_devices=args.tun, disk_dir=args.disk_dir))
+        return _serve_until_stopped(fleet)
     cfg = AgentConfig(node=args.node, nats_url=args.nats_url,
                       nats_credentials=args.nats_credentials, nats_ca=args.nats_ca,
                       nats_cert=args.nats_cert, nats_key=args.nats_key, prefix=args.prefix,
@@ -171,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         agent = NodeAgent(cfg)
     except SimulationRefused as e:
         parser.error(str(e))
+    return _serve_until_stopped(agent)
+
+
+def _serve_until_stopped(agent: Served) -> int:
     try:
         asyncio.run(_serve(agent))
     except NATS_FAILURES as e:  # a malformed URL; NATS lost past what the service rides out

@@ -185,6 +185,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     hypervisor: HypervisorChoice = "auto"
     """`kvm` or `qemu` as told, or `auto`: KVM if the probe finds it runs guests."""
     hypervisor_probe_seconds: float = HYPERVISOR_PROBE_SECONDS
+    sim_cpus: int = 0
+    """A simulated host's CPUs (`nodeagent fleet --cpu`); 0 keeps the test driver's."""
+    sim_memory: int = 0
+    """A simulated host's memory in bytes (`nodeagent fleet --memory`); 0 keeps the driver's."""
 
     @property
     def simulated(self) -> bool:
@@ -237,13 +241,16 @@ class NodeAgent:
         cpu_model = cfg.host_cpu_model or (TEST_HOST_CPU_MODEL if cfg.simulated else "")
         self.discovery = DiscoveryConfig(node_name=cfg.node, kvm_devices=cfg.kvm_devices,
                                          tun_devices=cfg.tun_devices, host_cpu_model=cpu_model,
-                                         agent_version=cfg.agent_version)
+                                         agent_version=cfg.agent_version,
+                                         cpus=cfg.sim_cpus, memory_bytes=cfg.sim_memory)
         self.migrations = Migrations(self)
         self.images = ImageStore(cfg.image_dir)
 
     # -- start-up ----------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, nc: Client | None = None) -> None:
+        """Serve until `stop`; on `nc` when given (a fleet's one connection, left open),
+        else on a connection of its own."""
         self.stop = stop
         quiet_libvirt_errors()
         loop = asyncio.get_running_loop()
@@ -259,7 +266,7 @@ class NodeAgent:
                                       self.cfg.hypervisor, self.cfg.hypervisor_probe_seconds,
                                       node=self.cfg.node)
         self.hypervisor = Hypervisor(self.cfg.libvirt_uri, kvm)
-        self.nc = await connect(self.cfg.access, f"agent-{self.cfg.node}")
+        self.nc = nc or await connect(self.cfg.access, f"agent-{self.cfg.node}")
         try:
             js = self.nc.jetstream()
             if not await unless_stopped(wait_for_streams(js, self.layout), stop):
@@ -286,7 +293,8 @@ class NodeAgent:
             await sim.unsubscribe()
         finally:
             self.watcher.close()
-            await self.nc.close()
+            if nc is None:
+                await self.nc.close()
             await asyncio.to_thread(self.conn.close)
 
     @property

@@ -54,3 +54,10 @@ guests; a working KVM answers in milliseconds."""
 IMAGE_DIR: Final = "/var/lib/virtbus/images"
 """The node's image store (`nodeagent.imagestore`): `<dir>/<reference, percent-encoded>/`
 holds an image's files, its disk in `disk/`."""
+FLEET_NODE_PREFIX: Final = "node-"
+"""A fleet's nodes are `node-<first>`, `node-<first+1>`, ...: as `virtbus up` names agents."""
+FLEET_LIBVIRT_THREADS: Final = 16
+"""Threads a fleet lends its agents for libvirt calls (one pool for every node: a test-driver
+call is short, and a node's calls take turns on its own connection anyway)."""
+FLEET_RESTART_SECONDS: Final = 1.0
+"""How long a fleet waits before it starts again a node agent that failed."""

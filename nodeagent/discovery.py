@@ -55,6 +55,10 @@ class DiscoveryConfig:
     agent_version: str = AGENT_VERSION
     domain_type: str = ""
     """What guests here are defined as (`nodeagent.hypervisor`); '' takes libvirt's best."""
+    cpus: int = 0
+    """A simulated host's size, over what the test driver says (it has 16 CPUs and 3 GiB for
+    every host); 0 keeps libvirt's figure."""
+    memory_bytes: int = 0
 
     def device_capacity(self) -> dict[str, int]:
         """Device-plugin resources this node has, for the `DeviceLedger`."""
@@ -119,7 +123,8 @@ def _capacity(
     """As the kubelet counts them; no `devices.kubevirt.io/kvm` where guests are emulated
     (KubeVirt's kvm device plugin has no healthy device without a usable /dev/kvm)."""
     _, memory_mib, cpus, *_ = conn.getInfo()
-    memory_kib = memory_mib * 1024
+    cpus = cfg.cpus or cpus
+    memory_kib = cfg.memory_bytes // 1024 or memory_mib * 1024
     hugepages = {size: _hugepages_kib(caps, size) for size in HUGEPAGE_SIZES_KIB}
     capacity = {
         RESOURCE_CPU: str(cpus),

@@ -23,6 +23,7 @@ from projections.cluster import ClusterState
 from projections.follower import read_event, start_sequence_at
 from projections.query import CLUSTER_SCOPED, KIND_TOKENS, TOKEN_KINDS
 from projections.rendering import render_view
+from projections.snapshots import Snapshots, restore
 from projections.views import View
 
 
@@ -40,10 +41,13 @@ SightOf = Callable[[str], Sight]
 
 
 async def state_at(nc: Client, layout: Layout, at: int | datetime) -> ClusterState:
-    """The whole cluster as it stood at a sequence or an instant, rebuilt from the log."""
+    """The whole cluster as it stood at a sequence or an instant: from the newest snapshot
+    no later than that, and the log's tail after it."""
     stop = at if isinstance(at, int) else await start_sequence_at(nc, layout, at) - 1
     state = ClusterState()
-    for msg in await read_all(nc, layout.events_stream, layout.events_filter(), stop=stop):
+    start = await restore(Snapshots(nc, layout), state, at_most=stop)
+    for msg in await read_all(nc, layout.events_stream, layout.events_filter(), start=start,
+                              stop=stop):
         _fold(state, msg)  # what it changed is not needed here
     return state
 

@@ -40,6 +40,7 @@ from projections.hco import ALERTS_QUERY, METRICS_QUERY
 from projections.http import ANONYMOUS, StaticTokens
 from projections.query import CLUSTER_SCOPED, KIND_TOKENS
 from projections.rendering import render
+from projections.snapshots import Snapshots, keep_writing, restore
 
 log = structlog.get_logger(__name__)
 
@@ -314,13 +315,17 @@ class ReadService:
     async def run(self, stop: asyncio.Event, listen: tuple[str, int] | None = None) -> None:
         if not await unless_stopped(wait_for_streams(self.nc.jetstream(), self.layout), stop):
             return
+        snapshots = Snapshots(self.nc, self.layout)
+        start = await restore(snapshots, self.state)
+        writing = asyncio.ensure_future(keep_writing(snapshots, self.state, stop))
         sub = await self.listen()
         server = (await http.serve(self.state, self, *listen, self.tokens)
                   if listen else None)
         try:
-            await follow(self.nc, self.layout, self._on_event, on_skip=self._on_skip,
-                         stop=stop)
+            await follow(self.nc, self.layout, self._on_event, start=start,
+                         on_skip=self._on_skip, stop=stop)
         finally:
+            writing.cancel()
             if server is not None:
                 await server.cleanup()
             await sub.unsubscribe()

@@ -50,3 +50,22 @@ def test_bench_scheduling_prints_figures() -> None:
                 "ratio"):
         assert isinstance(figures[key], int | float) and figures[key] > 0, (key, figures)
     assert figures["constrained_placed"] == figures["plain_placed"] == 50
+
+
+def test_bench_scale_prints_figures() -> None:
+    """`virtbus up`'s processes with a fleet, at a size CI runs in a few seconds."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.scale", "--nodes", "5", "--vms", "50", "--rate", "50",
+         "--timeout", "120"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (figures["nodes"], figures["vms"]) == (5, 50)
+    assert figures["events"] > 50 * 4  # each VM: created, its VMI created, scheduled, Running
+    for key in ("all_running_s", "decisions_per_s", "create_to_running_p50_ms",
+                "create_to_running_p99_ms", "peak_rss_mb_controlplane", "peak_rss_mb_fleet",
+                "peak_rss_mb_projections", "peak_rss_mb_nats", "restart_live_s_snapshots",
+                "restart_live_s_no_snapshots", "raw_log_read_s", "get_at_ms",
+                "get_at_ms_no_snapshots", "watch_since_first_ms"):
+        assert isinstance(figures[key], int | float) and figures[key] > 0, (key, figures)

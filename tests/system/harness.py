@@ -52,7 +52,7 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], timeout: float = 
 
 class System:
     def __init__(self, nats_url: str, prefix: str, logs: Path, nodes: int = 2,
-                 node_grace: float = NODE_GRACE_SECONDS) -> None:
+                 node_grace: float = NODE_GRACE_SECONDS, **up_options: Any) -> None:
         self.nats_url = nats_url
         self.prefix = prefix
         self.logs = logs
@@ -62,7 +62,8 @@ class System:
         self.env: dict[str, dict[str, str]] = {"controlplane": {"VIRTBUS_REPLICA": "cp-a"}}
         self.http_port = free_port()
         # The command lines `virtbus up` runs, with `logs` as its data directory.
-        up = UpOptions(data_dir=logs, nodes=nodes, prefix=prefix, node_grace_seconds=node_grace)
+        up = UpOptions(data_dir=logs, nodes=nodes, prefix=prefix, node_grace_seconds=node_grace,
+                       **up_options)
         for child in children(up, nats_url, logs, self.http_port):
             self.args[child.name] = child.args
             if child.name.startswith("node-"):

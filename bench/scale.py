@@ -1,0 +1,272 @@
+"""virtbus at the size of a cluster: `virtbus up`'s processes (control plane, read service, a
+fleet of simulated nodes) on a fresh nats-server, VMs applied at a steady rate.
+
+    python -m bench.scale --nodes 100 --vms 10000 --rate 200
+
+One JSON line: `all_running_s` (first apply to last VMI Running), `decisions_per_s`
+(VMIs scheduled per second while scheduling went on), `create_to_running_p50_ms`/`p95`/`p99`
+(apply sent to its VMI Running, as the log says it), `max_controller_lag_ms` (an event to
+the controller's answer in the log: VM created to its VMI created, VMI created to it
+scheduled), `peak_rss_mb_<process>` (controlplane, projections, fleet, nats, bench),
+`events` in the log, the control plane's cold restart to live with and without snapshots
+(`restart_live_s_snapshots`,
+`restart_live_s_no_snapshots`), `get_at_ms` / `get_at_ms_no_snapshots` (the worst of a few
+past instants), `watch_since_first_ms` (a resumed watch to its first change), and the raw
+layer beneath a restart: `raw_log_read_s`, reading every message of the log (Direct Get
+pages, nothing decoded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench.common import Figures, percentile, positive
+from controlplane.client import Client
+from controlplane.up import Child, UpOptions, children
+from events.api.resources import quantity
+from events.codec import Event
+from events.connect import Access
+from events.directget import read_all
+from events.logs import configure
+from events.server import EmbeddedNats, free_port
+from events.streams import prepare_streams
+from events.subjects import Layout, split_aggregate_id
+from events.vm import (
+    VirtualMachineCreated,
+    VirtualMachineInstanceCreated,
+    VirtualMachineInstancePhaseChanged,
+    VirtualMachineInstanceScheduled,
+)
+from projections import audit
+from projections.follower import follow, head
+from projections.snapshots import Snapshots
+
+NAMESPACE = "scale"
+POLL_SECONDS = 0.05
+"""How often the bench looks at what it waits for (a process's log, the cluster)."""
+LIVE_LINE = '"control loop live"'
+INSTANTS = 4
+"""Past instants `get --at` is timed at, spread over the log."""
+
+
+def manifest(name: str) -> dict[str, Any]:
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"runStrategy": "Always", "template": {"spec": {"domain": {
+                "cpu": {"cores": 1}, "resources": {"requests": {"memory": "64Mi"}},
+                "devices": {}}}}}}
+
+
+class Timeline:
+    """What the log says of each VM, as it arrives: the controllers' timestamps, and when
+    this process saw its VMI Running."""
+
+    def __init__(self) -> None:
+        self.vm_created: dict[str, datetime] = {}
+        self.vmi_created: dict[str, datetime] = {}
+        self.scheduled: dict[str, datetime] = {}
+        self.running: dict[str, float] = {}
+        self.changed = asyncio.Event()
+
+    async def on_event(self, _sequence: int, event: Event) -> None:
+        _, namespace, name = split_aggregate_id(event.originator_id)
+        if namespace != NAMESPACE:
+            return
+        if isinstance(event, VirtualMachineCreated):
+            self.vm_created.setdefault(name, event.timestamp)
+        elif isinstance(event, VirtualMachineInstanceCreated):
+            self.vmi_created.setdefault(name, event.timestamp)
+        elif isinstance(event, VirtualMachineInstanceScheduled):
+            self.scheduled.setdefault(name, event.timestamp)
+        elif isinstance(event, VirtualMachineInstancePhaseChanged) and event.phase == "Running":
+            self.running.setdefault(name, time.monotonic())
+            self.changed.set()
+
+    def lags(self) -> list[float]:
+        """Seconds from each event to the controller's answer to it."""
+        out = [(self.vmi_created[n] - t).total_seconds()
+               for n, t in self.vm_created.items() if n in self.vmi_created]
+        out += [(self.scheduled[n] - t).total_seconds()
+                for n, t in self.vmi_created.items() if n in self.scheduled]
+        return out
+
+    def decisions_per_s(self) -> float:
+        times = sorted(self.scheduled.values())
+        seconds = (times[-1] - times[0]).total_seconds() if len(times) > 1 else 0.0
+        return len(times) / seconds if seconds > 0 else 0.0
+
+
+async def until(probe: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await probe():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(POLL_SECONDS)  # the bench's own polling, not synchronisation
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident set (VmHWM), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+async def apply_steadily(vb: Client, count: int, rate: float, sent: dict[str, float]) -> None:
+    """`count` VMs, one every 1/`rate` s, each apply awaited in its own task."""
+    began = time.monotonic()
+    tasks = []
+    for i in range(count):
+        delay = began + i / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)  # the pace of the load, not synchronisation
+        name = f"vm-{i:05d}"
+        sent[name] = time.monotonic()
+        tasks.append(asyncio.ensure_future(vb.apply(manifest(name))))
+    await asyncio.gather(*tasks)
+
+
+async def restart_to_live(child: Child, timeout: float) -> float:
+    """Kill the control plane (SIGKILL), start it again: seconds until it says it is live."""
+    assert child.process is not None
+    child.process.send_signal(signal.SIGKILL)
+    child.process.wait()
+    lives = child.log_path.read_text().count(LIVE_LINE)
+    began = time.monotonic()
+    child.start()
+
+    async def live() -> bool:
+        return child.log_path.read_text().count(LIVE_LINE) > lives
+
+    await until(live, timeout, "the control plane live")
+    return time.monotonic() - began
+
+
+async def get_at_ms(vb: Client, instants: list[int]) -> float:
+    """The slowest `get --at` of the instants (every VM at that sequence)."""
+    slowest = 0.0
+    for sequence in instants:
+        began = time.perf_counter()
+        await vb.query_at(sequence, "VirtualMachine")
+        slowest = max(slowest, (time.perf_counter() - began) * 1000)
+    return slowest
+
+
+async def watch_first_ms(vb: Client, since: int) -> float:
+    """A watch resumed at `since`: milliseconds until its first change."""
+    began = time.perf_counter()
+    async for _ in vb.watch("VirtualMachineInstance", since=since):
+        break
+    return (time.perf_counter() - began) * 1000
+
+
+async def measure(args: argparse.Namespace, data: Path, server: EmbeddedNats) -> Figures:
+    url = server.url
+    layout = Layout("scale" + uuid.uuid4().hex[:8])
+    await prepare_streams(Access(url), layout, 1)
+    opts = UpOptions(data_dir=data, nodes=args.nodes, prefix=layout.prefix, fleet=True,
+                     node_cpus=args.cpu, node_memory=int(quantity(args.memory)))
+    logs = data / "logs"
+    logs.mkdir(exist_ok=True)
+    procs = {c.name: c for c in children(opts, url, logs, free_port())}
+    for child in procs.values():
+        child.start()
+    stop = asyncio.Event()
+    try:
+        async with await Client.connect(url, layout.prefix, actor="user:bench") as vb:
+            async def nodes_ready() -> bool:
+                nodes = await vb.query("Node")
+                ready = [n for n in nodes for c in n["status"]["conditions"]
+                         if c["type"] == "Ready" and c["status"] == "True"]
+                return len(ready) == args.nodes and bool(await vb.query("KubeVirt"))
+
+            await until(nodes_ready, args.timeout, "every node Ready")
+            timeline = Timeline()
+            following = asyncio.ensure_future(follow(
+                vb.nc, layout, timeline.on_event, start=await head(vb.nc, layout) + 1,
+                stop=stop))
+            sent: dict[str, float] = {}
+            began = time.monotonic()
+            await apply_steadily(vb, args.vms, args.rate, sent)
+
+            async def all_running() -> bool:
+                return len(timeline.running) >= len(sent)
+
+            await until(all_running, args.timeout, "every VMI Running")
+            all_running_s = max(timeline.running.values()) - began
+            latencies = [timeline.running[n] - t for n, t in sent.items()]
+            pids = {name: c.process.pid for name, c in procs.items() if c.process is not None}
+            pids |= {"nats": server.process.pid if server.process else 0, "bench": os.getpid()}
+            rss = {f"peak_rss_mb_{name}": peak_rss_mb(pid) for name, pid in pids.items()}
+            stop.set()
+            await following
+
+            last = await head(vb.nc, layout)
+            raw_began = time.perf_counter()
+            await read_all(vb.nc, layout.events_stream, layout.events_filter())
+            raw_log_read_s = time.perf_counter() - raw_began
+            instants = [max(1, last * (i + 1) // INSTANTS) for i in range(INSTANTS)]
+            # A snapshot no later than the dispatcher's checkpoint, as the read service
+            # writes them, so the restarted control plane may start from it.
+            checkpoint = await (await vb.nc.jetstream().key_value(
+                layout.checkpoints_bucket)).get("dispatcher")
+            await Snapshots(vb.nc, layout).save(
+                await audit.state_at(vb.nc, layout, int(checkpoint.value or b"0")))
+            restart_snapshots = await restart_to_live(procs["controlplane"], args.timeout)
+            get_at = await get_at_ms(vb, instants)
+            watch_first = await watch_first_ms(vb, max(1, last - 100))
+            await vb.nc.jetstream().purge_stream(layout.read_snapshots_stream)
+            restart_plain = await restart_to_live(procs["controlplane"], args.timeout)
+            get_at_plain = await get_at_ms(vb, instants)
+    finally:
+        stop.set()
+        for child in reversed(procs.values()):
+            child.stop()
+    lags = timeline.lags()
+    return {
+        "nodes": args.nodes, "vms": args.vms, "rate": args.rate, "events": last,
+        "all_running_s": round(all_running_s, 2),
+        "decisions_per_s": round(timeline.decisions_per_s(), 1),
+        **{f"create_to_running_p{q}_ms": round(percentile(latencies, q) * 1000, 1)
+           for q in (50, 95, 99)},
+        "max_controller_lag_ms": round(max(lags) * 1000, 1) if lags else 0.0,
+        **rss,
+        "restart_live_s_snapshots": round(restart_snapshots, 2),
+        "restart_live_s_no_snapshots": round(restart_plain, 2),
+        "raw_log_read_s": round(raw_log_read_s, 3),
+        "get_at_ms": round(get_at, 1), "get_at_ms_no_snapshots": round(get_at_plain, 1),
+        "watch_since_first_ms": round(watch_first, 1),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=positive, default=100)
+    p.add_argument("--vms", type=positive, default=10000)
+    p.add_argument("--rate", type=float, default=200.0, help="VMs applied per second")
+    p.add_argument("--cpu", type=positive, default=64, help="CPUs of each simulated node")
+    p.add_argument("--memory", default="256Gi", help="memory of each simulated node")
+    p.add_argument("--timeout", type=float, default=900.0,
+                   help="seconds any one wait may take before the run fails")
+    args = p.parse_args()
+    configure(level="warning")
+    with tempfile.TemporaryDirectory(prefix="virtbus-scale-") as tmp, \
+            EmbeddedNats(Path(tmp) / "nats") as server:
+        figures = asyncio.run(measure(args, Path(tmp), server))
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
