@@ -53,6 +53,11 @@ class ClusterState:
 
     def __init__(self) -> None:
         self.views: dict[str, View] = {}
+        self._by_class: dict[type[View], list[View]] = {}
+        self._indexed: tuple[int, int] = (0, 0)
+        """`id` and length of the `views` dict `_by_class` lists: views are only ever added
+        (a deleted object keeps its view), so a different dict (a snapshot restored) or a
+        different length means the index must be built again."""
         self.last_sequence = 0
         self.skipped: Counter[str] = Counter()
         """Messages of the log this version could not decode, by reason (see
@@ -73,7 +78,11 @@ class ClusterState:
             return None
         view = self.views.get(event.originator_id)
         if view is None:
+            current = self._indexed == (id(self.views), len(self.views))
             view = self.views[event.originator_id] = view_cls(event.originator_id)
+            if current:  # keep the index up to date rather than build it again
+                self._by_class.setdefault(view_cls, []).append(view)
+                self._indexed = (id(self.views), len(self.views))
         view.apply(event, sequence)
         return view
 
@@ -98,9 +107,17 @@ class ClusterState:
         return self._get(NodeView, aggregate_id(NODE_KIND, "", name))
 
     def _all(self, cls: type[V]) -> Iterator[V]:
-        for view in self.views.values():
-            if isinstance(view, cls) and view.exists:
-                yield view
+        """Every existing view of `cls`, without looking at the views of other kinds."""
+        if self._indexed != (id(self.views), len(self.views)):
+            self._by_class = {}
+            for view in self.views.values():
+                self._by_class.setdefault(type(view), []).append(view)
+            self._indexed = (id(self.views), len(self.views))
+        for view_cls, views in list(self._by_class.items()):
+            if issubclass(view_cls, cls):
+                for view in views:
+                    if view.exists:
+                        yield view  # type: ignore[misc]
 
     def vms(self) -> Iterator[VirtualMachineView]:
         return self._all(VirtualMachineView)

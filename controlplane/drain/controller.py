@@ -50,21 +50,32 @@ class EvacuationController:
         return []
 
     def resync(self, state: ClusterState) -> list[Command]:
+        """Only a draining node, or one with a NoExecute taint, has anything to evict: the
+        VMIs are looked at (once, grouped by node) only when there is such a node."""
+        nodes = [n for n in state.nodes()
+                 if n.draining or any(t.effect == "NoExecute" for t in n.taints)]
+        if not nodes:
+            return []
         placement = workload_placement(state)
+        on: dict[str, list[VirtualMachineInstanceView]] = {}
+        for vmi in state.vmis():
+            if vmi.active:
+                on.setdefault(vmi.node, []).append(vmi)
         out: list[Command] = []
-        for node in state.nodes():
+        for node in nodes:
             if node.draining:
-                out += self.drain(state, node)
+                out += self.drain(state, node, on.get(node.name, []))
                 continue
-            for vmi in state.vmis_on(node.name):
+            for vmi in on.get(node.name, []):
                 if untolerated_no_execute(node, vmi, placement) is not None:
                     out += evict(state, vmi, node, node.correlation_id)[0]
         return out
 
-    def drain(self, state: ClusterState, node: NodeView) -> list[Command]:
+    def drain(self, state: ClusterState, node: NodeView,
+              vmis: list[VirtualMachineInstanceView]) -> list[Command]:
         out: list[Command] = []
         left = 0
-        for vmi in state.vmis_on(node.name):
+        for vmi in vmis:
             commands, stays = evict(state, vmi, node, node.correlation_id)
             out += commands
             left += stays

@@ -31,7 +31,7 @@ from projections.cluster import ClusterState, outdated_launcher
 from projections.eviction import migrating
 from projections.hco import HCO_VIEW_KINDS, effective_kubevirt
 from projections.migratable import not_migratable
-from projections.migration import WorkloadUpdateView
+from projections.migration import MigrationView, WorkloadUpdateView
 from projections.views import VirtualMachineInstanceView
 
 NAME = "workload-updater"
@@ -46,12 +46,26 @@ class WorkloadUpdater:
     name = NAME
 
     def on_event(self, state: ClusterState, event: Event) -> list[Command]:
-        kind = split_aggregate_id(event.originator_id)[0]
-        if kind in (VMI_KIND, NODE_KIND, MIGRATION_KIND) or kind in HCO_VIEW_KINDS:
+        """A node's new agent version or a new strategy concerns every VMI; a VMI's or its
+        migration's change, that VMI only."""
+        kind, namespace, name = split_aggregate_id(event.originator_id)
+        if kind == NODE_KIND or kind in HCO_VIEW_KINDS:
             return self.resync(state)
-        return []
+        if kind == MIGRATION_KIND:
+            migration = state.views.get(event.originator_id)
+            name = migration.vmi_name if isinstance(migration, MigrationView) else ""
+        elif kind != VMI_KIND:
+            return []
+        vmi = state.vmi(namespace, name) if name else None
+        if vmi is None or not outdated_launcher(state, vmi):
+            return []
+        return self._migrations(state, [vmi])
 
     def resync(self, state: ClusterState) -> list[Command]:
+        return self._migrations(state, outdated(state))
+
+    def _migrations(self, state: ClusterState,
+                    vmis: list[VirtualMachineInstanceView]) -> list[Command]:
         """A migration for each outdated VMI that can move, when LiveMigrate is a method."""
         methods = self._config(state).methods
         if "LiveMigrate" not in methods:
@@ -60,7 +74,8 @@ class WorkloadUpdater:
                                 "create-for-workload-update", v.metadata.namespace,
                                 v.metadata.name, v.uid, v.version,
                                 manifest={"vmi_name": v.metadata.name, "node": v.node})
-                for v in outdated(state) if self._can_migrate(v) and not migrating(state, v)]
+                for v in vmis if v.deletion_requested_at is None and self._can_migrate(v)
+                and not migrating(state, v)]
 
     def tick(self, state: ClusterState, now: datetime) -> list[Command]:
         """The next eviction batch, once the interval since the last one has passed."""
