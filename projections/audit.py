@@ -45,7 +45,7 @@ async def state_at(nc: Client, layout: Layout, at: int | datetime) -> ClusterSta
     no later than that, and the log's tail after it."""
     stop = at if isinstance(at, int) else await start_sequence_at(nc, layout, at) - 1
     state = ClusterState()
-    start = await restore(Snapshots(nc, layout), state, at_most=stop)
+    start = await restore(Snapshots(nc, layout), state, at_most=stop, announce=False)
     for msg in await read_all(nc, layout.events_stream, layout.events_filter(), start=start,
                               stop=stop):
         _fold(state, msg)  # what it changed is not needed here

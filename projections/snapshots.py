@@ -319,16 +319,19 @@ class Snapshots:
                     ignored=self.ignored[reason])
 
 
-async def restore(snapshots: Snapshots, state: ClusterState, at_most: int | None = None) -> int:
+async def restore(snapshots: Snapshots, state: ClusterState, at_most: int | None = None, *,
+                  announce: bool = True) -> int:
     """Make `state` (an empty one, which others may hold already) the newest usable
-    snapshot at or before `at_most`; the first sequence left to fold."""
+    snapshot at or before `at_most`; the first sequence left to fold. A process's start
+    `announce`s it (an info line); a point-in-time read, done per query, logs it at debug."""
     found = await snapshots.latest(at_most)
     if found is None:
         return 1
     state.views, state.last_sequence, state.skipped = (found.views, found.last_sequence,
                                                       found.skipped)
-    log.info("read model restored from a snapshot", sequence=found.last_sequence,
-             views=len(found.views))
+    (log.info if announce else log.debug)(
+        "read model restored from a snapshot", sequence=found.last_sequence,
+        views=len(found.views))
     return found.last_sequence + 1
 
 
