@@ -268,7 +268,8 @@ def live_migratable_condition(vmi: VirtualMachineInstanceView) -> list[dict[str,
 def spec_honoured_condition(vmi: VirtualMachineInstanceView) -> list[dict[str, Any]]:
     """`SpecHonoured` False while the spec asks for what a virtbus guest goes without
     (`events.api.unsupported`): accepted as KubeVirt accepts it, and said, not dropped."""
-    inert = list(inert_fields(vmi.spec)) if vmi.spec is not None else []
+    inert = list(inert_fields(vmi.spec, vmi.metadata.annotations)) \
+        if vmi.spec is not None else []
     if not inert:
         return []
     return [{"type": NOT_HONOURED_CONDITION, "status": "False", "reason": NOT_HONOURED_REASON,

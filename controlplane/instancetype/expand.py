@@ -25,6 +25,7 @@ from events.api.instancetype import (
     spread_options,
 )
 from events.api.resources import quantity
+from events.api.unsupported import UNAPPLIED_PREFERENCES_ANNOTATION
 from events.api.vm import VirtualMachineInstanceSpec
 from events.errors import InvalidSpec
 
@@ -35,12 +36,14 @@ NOT_CARRIED: Final = {"launchSecurity": "launch_security"}
 instancetype that sets one is refused rather than silently run without it."""
 UNAPPLIED_DEVICE_PREFERENCES: Final = (
     "preferredAutoattachInputDevice", "preferredDisableHotplug", "preferredVirtualGPUOptions",
-    "preferredUseVirtioTransitional", "preferredDiskDedicatedIoThread", "preferredDiskIO",
-    "preferredDiskBlockSize", "preferredBlockMultiQueue", "preferredNetworkInterfaceMultiQueue",
-    "preferredTPM", "preferredPanicDeviceModel", "preferredVideoType")
+    "preferredUseVirtioTransitional", "preferredDiskIO", "preferredDiskBlockSize",
+    "preferredBlockMultiQueue", "preferredNetworkInterfaceMultiQueue",
+    "preferredPanicDeviceModel")
 """Device preferences for fields a virtbus VMI has no place for yet: a preference is only a
-preference, so they are not refused, but said (`unapplied_preferences`) rather than dropped
-unseen. (`preferredSoundModel` applies only to a sound device, which virtbus never has.)"""
+preference, so they are not refused, but named on the VMI (`UNAPPLIED_PREFERENCES_ANNOTATION`,
+stated in its `SpecHonoured` condition) rather than dropped unseen. (`preferredSoundModel`
+applies only to a sound device, which virtbus never has; KubeVirt applies
+`preferredVirtualGPUOptions` nowhere either.)"""
 NOT_CARRIED_CPU: Final = ("realtime",)
 CARRIED_DEVICES: Final = ("gpus", "hostDevices")
 """Instancetype device lists the VMI takes whole (KubeVirt's `applyGPUs`,
@@ -97,6 +100,8 @@ def expand(spec: VirtualMachineInstanceSpec, meta: ObjectMeta,
             raise InstancetypeConflict(conflicts)
     if preference is not None:
         _apply_preference(preference, vmi, annotations)
+        if unapplied := unapplied_preferences(preference):
+            annotations[UNAPPLIED_PREFERENCES_ANNOTATION] = ",".join(unapplied)
     try:
         expanded = msgspec.convert(vmi, VirtualMachineInstanceSpec)
     except msgspec.ValidationError as e:
@@ -305,8 +310,12 @@ def _apply_devices(pref: VirtualMachinePreferenceSpec, domain: dict[str, Any],
                        ("autoattachMemBalloon", dev.preferred_autoattach_mem_balloon),
                        ("autoattachPodInterface", dev.preferred_autoattach_pod_interface),
                        ("autoattachSerialConsole", dev.preferred_autoattach_serial_console),
-                       ("rng", dev.preferred_rng)):
+                       ("rng", dev.preferred_rng), ("tpm", dev.preferred_tpm)):
         _unset(devices, key, value)
+    if dev.preferred_video_type is not None:
+        video = devices.setdefault("video", {})
+        if not video.get("type"):
+            video["type"] = dev.preferred_video_type
     for disk in devices.get("disks", []):
         if not any(target in disk for target in ("disk", "cdrom", "lun")):
             disk["disk"] = {}
@@ -315,6 +324,8 @@ def _apply_devices(pref: VirtualMachinePreferenceSpec, domain: dict[str, Any],
                 disk["disk"]["bus"] = dev.preferred_disk_bus
             if dev.preferred_disk_cache and not disk.get("cache"):
                 disk["cache"] = dev.preferred_disk_cache
+            if disk["disk"].get("bus") == "virtio":  # as KubeVirt: after the preferred bus
+                _unset(disk, "dedicatedIOThread", dev.preferred_disk_dedicated_io_thread)
         elif "cdrom" in disk:
             if dev.preferred_cdrom_bus and not disk["cdrom"].get("bus"):
                 disk["cdrom"]["bus"] = dev.preferred_cdrom_bus

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Final
 
 import msgspec
-import structlog
 
 from controlplane.handling import Decision, Rejected
 from controlplane.instancetype.expand import (
@@ -20,7 +19,6 @@ from controlplane.instancetype.expand import (
     InstancetypeConflict,
     expand,
     not_carried,
-    unapplied_preferences,
 )
 from controlplane.instancetype.infer import FAILURE_POLICIES, with_inferred_matchers
 from controlplane.instancetype.mutate import with_preferred_defaults
@@ -48,8 +46,6 @@ from events.subjects import aggregate_id
 from projections.cluster import ClusterState
 from projections.instancetype import ControllerRevisionView, InstancetypeView
 from projections.views import VirtualMachineView
-
-log = structlog.get_logger(__name__)
 
 TEMPLATE_PATH: Final = "spec.template.spec"
 
@@ -273,10 +269,6 @@ def expand_for_start(d: Decision, vm_id: str) -> Expanded | None:
         raise Rejected(f"VMI conflicts with instancetype spec in fields: "
                        f"[{', '.join(conflict.paths)}]", conflict.field) from None
     validate_vmi_spec(expanded.spec, "spec")  # what was pinned now may differ from admission's
-    preference = _as_preference(specs[1])
-    if preference is not None and (unapplied := unapplied_preferences(preference)):
-        log.warning("preferences a virtbus VMI cannot hold were not applied",
-                    namespace=namespace, name=state.metadata.name, preferences=unapplied)
     if pins:
         d.trigger(vm, VirtualMachineRevisionsPinned,
                   instancetype_revision=pins.get(INSTANCETYPES.field, ""),

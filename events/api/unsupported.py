@@ -22,6 +22,10 @@ condition (False, `NotOnVirtbusNodes`, the fields and why in its message).
 | `dnsPolicy`, `dnsConfig`                   | no pod: no pod resolver to configure       |
 | `domain.devices.interfaces[i].ports`       | taps are not NATed: no ports to forward    |
 | `domain.devices.tpm.persistent`            | TPM state is dropped with the domain at stop |
+
+A preference's device fields a virtbus VMI has no place for are not applied: the VMI's
+expansion names them in its `virtbus.io/unapplied-preferences` annotation, and its
+`SpecHonoured` condition states them.
 """
 
 from __future__ import annotations
@@ -29,12 +33,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
 
     from events.api.validation import VMISpecLike
 
 NOT_HONOURED_CONDITION: Final = "SpecHonoured"
 NOT_HONOURED_REASON: Final = "NotOnVirtbusNodes"
+UNAPPLIED_PREFERENCES_ANNOTATION: Final = "virtbus.io/unapplied-preferences"
+"""On a VMI expanded from a preference: the preference's fields (JSON paths in it, comma
+separated) a virtbus VMI could not take."""
 
 
 def unmet_needs(spec: VMISpecLike) -> Iterator[str]:
@@ -62,8 +69,9 @@ def unmet_needs(spec: VMISpecLike) -> Iterator[str]:
                "NUMA cells to guests")
 
 
-def inert_fields(spec: VMISpecLike) -> Iterator[str]:
-    """`field: why` for each part of `spec` a running guest goes without."""
+def inert_fields(spec: VMISpecLike, annotations: Mapping[str, str]) -> Iterator[str]:
+    """`field: why` for each part of `spec` (and of the preference it was expanded with, per
+    its `annotations`) a running guest goes without."""
     if spec.dns_policy or spec.dns_config is not None:
         yield "spec.dnsPolicy/dnsConfig: a virtbus guest has no pod resolver to configure"
     for index, interface in enumerate(spec.domain.devices.interfaces):
@@ -74,3 +82,6 @@ def inert_fields(spec: VMISpecLike) -> Iterator[str]:
     if tpm is not None and tpm.enabled is not False and tpm.persistent:
         yield ("spec.domain.devices.tpm.persistent: the TPM state lives with the domain, "
                "which a stop removes")
+    if unapplied := annotations.get(UNAPPLIED_PREFERENCES_ANNOTATION):
+        yield (f"preference {unapplied.replace(',', ', ')}: a virtbus VMI has no field to "
+               "take them, so they were not applied")

@@ -10,7 +10,6 @@ import uuid
 from typing import Any
 
 import pytest
-from structlog.testing import capture_logs
 
 from controlplane.controllers.vm import VMController
 from events.messages import Command
@@ -464,20 +463,52 @@ def test_an_overcommitted_instancetype_asks_for_less_than_the_guest_gets(
         {"guest": "4Gi"}, {"requests": {"memory": "2Gi"}})
 
 
-def test_preferences_no_vmi_can_hold_are_said_not_dropped_unseen(handler: SyncHandler) -> None:
+def test_device_preferences_fill_the_tpm_video_and_dedicated_io_threads(
+        handler: SyncHandler) -> None:
+    """KubeVirt's `ApplyDevicePreferences`: a TPM and a video type where the VM has none, a
+    dedicated I/O thread for each virtio disk that does not say (not for sata ones)."""
+    state = ClusterState()
+    run_accepted(handler, state, apply(preference("devices", {"devices": {
+        "preferredTPM": {"persistent": True}, "preferredVideoType": "virtio",
+        "preferredDiskDedicatedIoThread": True}})))
+    disks = [{"name": "containerdisk", "disk": {"bus": "virtio"}},
+             {"name": "cloudinitdisk", "disk": {}}]
+    matcher = {"kind": "VirtualMachinePreference", "name": "devices"}
+    run_accepted(handler, state, apply(vm("bare", {"memory": {"guest": "1Gi"}},
+                                          preference=matcher)))
+    run_accepted(handler, state, apply(vm("own", {
+        "memory": {"guest": "1Gi"},
+        "devices": {"disks": disks, "tpm": {"enabled": False}, "video": {"type": "vga"}}},
+        preference=matcher)))
+    for name in ("bare", "own"):
+        assert reconcile(handler, state, name) == ["create-for-vm"]
+    bare = vmi_spec(state, "bare")["domain"]["devices"]
+    assert (bare["tpm"], bare["video"]) == ({"persistent": True}, {"type": "virtio"})
+    assert [d.get("dedicatedIOThread") for d in bare["disks"]] == [None, None]  # sata
+    own = vmi_spec(state, "own")["domain"]["devices"]
+    assert (own["tpm"], own["video"]) == ({"enabled": False}, {"type": "vga"})
+    assert [d.get("dedicatedIOThread") for d in own["disks"]] == [True, None]
+
+
+def test_preferences_no_vmi_can_hold_are_stated_on_the_vmi(handler: SyncHandler) -> None:
     state = ClusterState()
     run_accepted(handler, state, apply(preference("fancy", {"devices": {
-        "preferredDiskBus": "virtio", "preferredTPM": {}, "preferredVideoType": "virtio"}})))
+        "preferredDiskBus": "virtio", "preferredDiskIO": "native",
+        "preferredPanicDeviceModel": "hyperv"}})))
     run_accepted(handler, state, apply(vm("fancy", {"memory": {"guest": "1Gi"}},
                                           preference={"kind": "VirtualMachinePreference",
                                                       "name": "fancy"})))
-    with capture_logs() as logs:
-        assert reconcile(handler, state, "fancy") == ["create-for-vm"]
-    warned = [e for e in logs if e["log_level"] == "warning"]
-    assert [(e["name"], e["preferences"]) for e in warned] == [
-        ("fancy", ["devices.preferredTPM", "devices.preferredVideoType"])]
-    disks = vmi_spec(state, "fancy")["domain"]["devices"]["disks"]
-    assert [d["disk"]["bus"] for d in disks] == ["sata", "virtio"]
+    assert reconcile(handler, state, "fancy") == ["create-for-vm"]
+    vmi = get(state, "VirtualMachineInstance", "fancy")
+    assert [d["disk"]["bus"] for d in vmi["spec"]["domain"]["devices"]["disks"]] == \
+        ["sata", "virtio"]
+    assert vmi["metadata"]["annotations"]["virtbus.io/unapplied-preferences"] == \
+        "devices.preferredDiskIO,devices.preferredPanicDeviceModel"
+    [honoured] = [c for c in vmi["status"]["conditions"] if c["type"] == "SpecHonoured"]
+    assert (honoured["status"], honoured["reason"], honoured["message"]) == (
+        "False", "NotOnVirtbusNodes",
+        "preference devices.preferredDiskIO, devices.preferredPanicDeviceModel: a virtbus VMI "
+        "has no field to take them, so they were not applied")
 
 
 def test_devices_io_threads_and_max_guest_come_from_the_instancetype(
