@@ -34,6 +34,7 @@ from events.vm import (
     VirtualMachineInstanceNodeAction,
     VirtualMachineInstancePaused,
     VirtualMachineInstancePhaseChanged,
+    VirtualMachineInstanceRelabeled,
     VirtualMachineInstanceScheduled,
     VirtualMachineInstanceUnpaused,
     VirtualMachineInstanceUnschedulable,
@@ -95,9 +96,13 @@ def apply(d: Decision) -> None:
         stored = vmi.state.spec
         model = stored.domain.cpu.model if stored is not None and stored.domain.cpu else ""
         filled = fill(presets_in(d, new.metadata.namespace), new.metadata, new.spec).spec
-        if with_cpu_model(filled, model) != stored:  # the same manifest applied again is
+        # The same spec applied again changes nothing, whatever the presets and the CPU
+        # model defaulting added to it; only its labels may change.
+        if with_cpu_model(filled, model) != stored:
             raise InvalidSpec("spec", "a VirtualMachineInstance's spec cannot change")
-        return  # ... a no-op, whatever the presets and the CPU model defaulting added to it
+        if new.metadata.labels != vmi.state.metadata.labels:
+            d.trigger(vmi, VirtualMachineInstanceRelabeled, labels=dict(new.metadata.labels))
+        return
     create(d, vmi, new.metadata, new.spec, presets_in(d, new.metadata.namespace))
 
 

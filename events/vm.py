@@ -147,6 +147,28 @@ class VirtualMachineInstancePhaseChanged(Event, frozen=True, kw_only=True):
     message: str = ""
 
 
+@event_type("VirtualMachineInstanceRelabeled")
+class VirtualMachineInstanceRelabeled(Event, frozen=True, kw_only=True):
+    """The VMI's labels, as a later apply sets them (KubeVirt lets a VMI's metadata change,
+    never its spec)."""
+
+    labels: dict[str, str]
+
+
+@event_type("VirtualMachineInstanceAdopted")
+class VirtualMachineInstanceAdopted(Event, frozen=True, kw_only=True):
+    """An orphan VMI the replica set's selector matches is the replica set's now (KubeVirt's
+    `AdoptVirtualMachineInstance`: its controller ownerReference set)."""
+
+    replica_set: str
+
+
+@event_type("VirtualMachineInstanceReleased")
+class VirtualMachineInstanceReleased(Event, frozen=True, kw_only=True):
+    """The VMI's labels no longer match its replica set's selector: it is an orphan again
+    (KubeVirt's `ReleaseVirtualMachineInstance`), and stops counting as a replica."""
+
+
 @event_type("VirtualMachineInstanceDeletionRequested")
 class VirtualMachineInstanceDeletionRequested(Event, frozen=True, kw_only=True):
     grace_period_seconds: int

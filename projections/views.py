@@ -55,11 +55,14 @@ from events.subjects import split_aggregate_id
 from events.vm import (
     VirtualMachineCreated,
     VirtualMachineDeleted,
+    VirtualMachineInstanceAdopted,
     VirtualMachineInstanceCreated,
     VirtualMachineInstanceDeleted,
     VirtualMachineInstanceDeletionRequested,
     VirtualMachineInstancePaused,
     VirtualMachineInstancePhaseChanged,
+    VirtualMachineInstanceRelabeled,
+    VirtualMachineInstanceReleased,
     VirtualMachineInstanceScheduled,
     VirtualMachineInstanceUnpaused,
     VirtualMachineInstanceUnschedulable,
@@ -308,6 +311,16 @@ class VirtualMachineInstanceView(View):
     def paused(self) -> bool:
         return bool(self.paused_reason)
 
+    def _claim(self, event: Event) -> None:
+        """Labels and the replica set that claims the VMI by them."""
+        match event:
+            case VirtualMachineInstanceRelabeled(labels=labels):
+                self.metadata = msgspec.structs.replace(self.metadata, labels=labels)
+            case VirtualMachineInstanceAdopted(replica_set=replica_set):
+                self.replica_set = replica_set
+            case VirtualMachineInstanceReleased():
+                self.replica_set = ""
+
     def mutate(self, event: Event) -> None:
         match event:
             case VirtualMachineInstanceCreated(uid=uid, metadata=meta, spec=spec, owner=owner,
@@ -337,6 +350,9 @@ class VirtualMachineInstanceView(View):
                 self.paused_reason, self.paused_at = reason, event.timestamp
             case VirtualMachineInstanceUnpaused():
                 self.paused_reason, self.paused_at = "", None
+            case (VirtualMachineInstanceRelabeled() | VirtualMachineInstanceAdopted()
+                  | VirtualMachineInstanceReleased()):
+                self._claim(event)
             case VirtualMachineInstanceDeletionRequested(grace_period_seconds=grace):
                 self.deletion_requested_at, self.grace_period_seconds = event.timestamp, grace
             case VirtualMachineInstanceDeleted():

@@ -1,6 +1,6 @@
 """Commands of VirtualMachineInstanceReplicaSets: from users `apply`, `delete`, `scale`
 (kubectl's, through the scale subresource); from the controller `create-replica`,
-`delete-replica` and `clear-failure`.
+`delete-replica`, `adopt`, `release` and `clear-failure`.
 
 The controller decides on its read model; these handlers decide again on the log, with a
 guard on every VMI: a replica is created only while fewer are active than `spec.replicas`,
@@ -22,6 +22,7 @@ from controlplane.vmi_commands import create, request_deletion
 from events.api.base import ObjectMeta
 from events.api.manifest import check_dns1123_label
 from events.api.replicaset import REPLICA_SET, Replicas, VirtualMachineInstanceReplicaSet
+from events.api.scheduling import selector_matches
 from events.errors import InvalidSpec
 from events.replicaset import (
     REPLICA_SET_KIND,
@@ -32,7 +33,7 @@ from events.replicaset import (
     ReplicaSetScaled,
 )
 from events.subjects import aggregate_id
-from events.vm import VMI_KIND
+from events.vm import VMI_KIND, VirtualMachineInstanceAdopted, VirtualMachineInstanceReleased
 from projections.replicaset import ReplicaSetView
 from projections.views import VirtualMachineInstanceView
 
@@ -152,6 +153,53 @@ def delete_replica(d: Decision) -> None:
     if victim is None:
         raise Rejected(f"{name} is not an active replica of this replica set", "manifest.name")
     request_deletion(d, victim)
+
+
+def named_vmi(d: Decision) -> Aggregate[VirtualMachineInstanceView]:
+    """The existing VMI the command's body names, in the command's namespace."""
+    name = d.body(ReplicaBody).name
+    check_dns1123_label("manifest.name", name)
+    vmi = d.load(aggregate_id(VMI_KIND, d.command.namespace, name), VirtualMachineInstanceView)
+    if not vmi.exists:
+        raise Rejected(f'virtualmachineinstance "{d.command.namespace}/{name}" not found',
+                       "manifest.name")
+    return vmi
+
+
+@handles(REPLICA_SET, "adopt", internal=True)
+def adopt(d: Decision) -> None:
+    """An orphan VMI the selector matches becomes a replica (KubeVirt's `ClaimObject`):
+    refused if another controller owns it by now, it is being deleted, or its labels
+    changed."""
+    rs = existing_replica_set(d)
+    vmi = named_vmi(d)
+    state = vmi.state
+    if state.owner or state.replica_set:
+        raise Rejected(f"{state.metadata.name} has a controller already", "manifest.name")
+    if state.deletion_requested_at is not None:
+        raise Rejected(f"{state.metadata.name} is being deleted", "manifest.name")
+    if rs.state.spec is None or not selector_matches(rs.state.spec.selector,
+                                                     state.metadata.labels):
+        raise Rejected(f"the selector does not match {state.metadata.name}'s labels",
+                       "manifest.name")
+    d.trigger(vmi, VirtualMachineInstanceAdopted, replica_set=rs.state.metadata.name)
+
+
+@handles(REPLICA_SET, "release", internal=True)
+def release(d: Decision) -> None:
+    """A replica whose labels the selector no longer matches is an orphan again (KubeVirt's
+    `ReleaseDetachedObject`)."""
+    rs = existing_replica_set(d)
+    vmi = named_vmi(d)
+    state = vmi.state
+    if state.replica_set != rs.state.metadata.name:
+        raise Rejected(f"{state.metadata.name} is not a replica of this replica set",
+                       "manifest.name")
+    if rs.state.spec is not None and selector_matches(rs.state.spec.selector,
+                                                      state.metadata.labels):
+        raise Rejected(f"the selector still matches {state.metadata.name}'s labels",
+                       "manifest.name")
+    d.trigger(vmi, VirtualMachineInstanceReleased)
 
 
 @handles(REPLICA_SET, "clear-failure", internal=True)

@@ -5,6 +5,12 @@ VMIs per pass:
 
 | replica set                 | its VMIs                               | commands                |
 |-----------------------------|----------------------------------------|-------------------------|
+| -                           | an orphan (no controller: neither a    | adopt (then counted)    |
+|                             | VM's nor a replica set's), its labels  |                         |
+|                             | matched by the selector, not being     |                         |
+|                             | deleted                                |                         |
+| -                           | one of its own, its labels no longer   | release (no longer      |
+|                             | matched by the selector                | counted)                |
 | paused                      | any                                    | none but clear-failure  |
 |                             |                                        | (status: ReplicaPaused) |
 | -                           | fewer active than `spec.replicas`      | create-replica, one per |
@@ -16,10 +22,13 @@ VMIs per pass:
 |                             | being deleted                          | by the create above     |
 | ReplicaFailure recorded     | none to create                         | clear-failure           |
 
+Claims come first, even while paused, as KubeVirt's `ClaimVirtualMachineInstances` runs
+before `scale`: the count that decides creations and deletions is of the VMIs claimed.
 A replica lost to a node failure is Failed by the node lifecycle controller: it stops
 counting, so one replacement is created and the failed VMI deleted.
 
-Level-triggered on each replica set and each of its VMIs, and on presets and the KubeVirt
+Level-triggered on each replica set and each of its VMIs (an orphan's: every replica set of
+its namespace, one of which may adopt it or have released it), and on presets and the KubeVirt
 configuration (a refused replica may be accepted now). Command ids name the replica set's
 version, the newest sequence of any of its VMIs, of its namespace's presets and the KubeVirt
 configuration's version (what a creation reads), and the slot: the same state decided twice
@@ -37,6 +46,7 @@ import msgspec
 from controlplane.controllers import derived_command
 from controlplane.defaults import REPLICA_SET_BURST_REPLICAS
 from events.api.replicaset import REPLICA_SET
+from events.api.scheduling import selector_matches
 from events.codec import Event
 from events.hco import OPERAND_TOKENS
 from events.messages import Command
@@ -71,6 +81,13 @@ def replica_name(rs: ReplicaSetView, command_id: str) -> str:
     return base[:MAX_GENERATED_NAME_LENGTH] + suffix
 
 
+def is_orphan(vmi: VirtualMachineInstanceView) -> bool:
+    """A VMI no controller owns, that a replica set may adopt (KubeVirt's `ClaimObject`:
+    neither owned nor being deleted)."""
+    return vmi.exists and not vmi.owner and not vmi.replica_set \
+        and vmi.deletion_requested_at is None
+
+
 def deletion_rank(vmi: VirtualMachineInstanceView) -> tuple[int, float, str]:
     """Scale-down order: VMIs not running yet, then migrating ones, then the rest (the order
     KubeVirt's `scale` names in its TODO; it takes them as listed); newest first within."""
@@ -89,10 +106,12 @@ class ReplicaSetController:
         if kind == REPLICA_SET_KIND:
             return self.reconcile(state, namespace, name)
         view = state.views.get(event.originator_id)
-        if kind == VMI_KIND and isinstance(view, VirtualMachineInstanceView) \
-                and view.replica_set:
+        if kind != VMI_KIND or not isinstance(view, VirtualMachineInstanceView) or view.owner:
+            return []
+        if view.replica_set:
             return self.reconcile(state, namespace, view.replica_set)
-        return []
+        return [c for rs in list(state.replica_sets()) if rs.metadata.namespace == namespace
+                for c in self.reconcile(state, namespace, rs.metadata.name)]
 
     def resync(self, state: ClusterState) -> list[Command]:
         return [c for rs in list(state.replica_sets())
@@ -118,11 +137,19 @@ class ReplicaSetController:
                                    seen, presets, kubevirt, *key, manifest=manifest,
                                    correlation_id=rs.correlation_id)
 
+        selector = rs.spec.selector
+        released = [v for v in owned if v.exists
+                    and not selector_matches(selector, v.metadata.labels)]
+        adopted = [v for v in state.vmis() if v.metadata.namespace == namespace
+                   and is_orphan(v) and selector_matches(selector, v.metadata.labels)]
+        out = [command(verb, vmi.metadata.name, vmi.last_sequence,
+                       manifest={"name": vmi.metadata.name})
+               for verb, vmis in (("release", released), ("adopt", adopted)) for vmi in vmis]
         if rs.paused:
-            return [command("clear-failure")] if rs.failure is not None else []
-        active = state.replicas(namespace, name)
+            return [*out, command("clear-failure")] if rs.failure is not None else out
+        active = [v for v in (*state.replicas(namespace, name), *adopted)
+                  if v not in released and not v.final and v.deletion_requested_at is None]
         diff = len(active) - rs.spec.wanted
-        out: list[Command] = []
         if diff < 0:
             for slot in range(min(-diff, REPLICA_SET_BURST_REPLICAS)):
                 proposed = command("create-replica", slot)

@@ -238,6 +238,79 @@ def test_finished_replicas_are_deleted_and_replaced_and_deletion_takes_the_vmis(
     assert c.state.vmi("default", second.metadata.name) is None
 
 
+def stray(labels: dict[str, str]) -> dict[str, Any]:
+    """A VMI of the replica set's template, made by hand (no controller owns it)."""
+    template = replica_set()["spec"]["template"]
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "stray", "namespace": "default", "labels": labels},
+            "spec": template["spec"]}
+
+
+def owner_of(c: ReplicaCluster, name: str) -> list[dict[str, Any]] | None:
+    [vmi] = render(c.state, Query(kind="VirtualMachineInstance", namespace="default",
+                                  name=name))
+    owners: list[dict[str, Any]] | None = vmi["metadata"].get("ownerReferences")
+    return owners
+
+
+def test_an_orphan_the_selector_matches_is_adopted_and_a_relabeled_replica_released(
+        handler: SyncHandler, prefix: str) -> None:
+    """KubeVirt's `ClaimVirtualMachineInstances`: an orphan whose labels match is adopted
+    and counted before the replica set scales; a replica whose labels stop matching is
+    released, no longer counted, and replaced."""
+    c = cluster(handler, prefix)
+    c.run(apply(stray(LABELS)))
+    c.run(apply(replica_set(2)))
+    verbs = [(cmd.verb, (cmd.manifest or {}).get("name")) for cmd in c.settle()]
+    assert verbs[0] == ("adopt", "stray")
+    assert [verb for verb, _ in verbs[1:]] == ["create-replica"]  # one: stray counts
+    assert owner_of(c, "stray") == [{"apiVersion": "kubevirt.io/v1", "name": "web", "kind": RS,
+                                     "controller": True, "blockOwnerDeletion": True}]
+    assert "stray" in {v.metadata.name for v in c.replicas()}
+    assert c.status()["replicas"] == 2
+
+    c.run(apply(stray({"app": "elsewhere"})))  # `kubectl label`: the spec as it was
+    verbs = [(cmd.verb, (cmd.manifest or {}).get("name")) for cmd in c.settle()]
+    assert verbs[0] == ("release", "stray")
+    assert [verb for verb, _ in verbs[1:]] == ["create-replica"]
+    assert owner_of(c, "stray") is None
+    assert "stray" not in {v.metadata.name for v in c.replicas()}
+    assert len(c.replicas()) == 2 and c.state.vmi("default", "stray") is not None
+
+    # Matching again, it is adopted again, and one replica too many is scaled away.
+    c.run(apply(stray(LABELS)))
+    verbs = [cmd.verb for cmd in c.settle()]
+    assert verbs == ["adopt", "delete-replica"]
+    assert len(c.replicas()) == 2
+
+
+def test_adoption_and_release_are_decided_again_on_the_log(
+        handler: SyncHandler, prefix: str) -> None:
+    """A claim proposed on a stale state is refused once the VMI has a controller, is being
+    deleted, or no longer matches."""
+    c = cluster(handler, prefix)
+    c.run(apply(stray(LABELS)))
+    c.run(apply(replica_set(0)))
+    [adopt] = [cmd for cmd in c.controller.resync(c.state) if cmd.verb == "adopt"]
+    c.run(apply(stray({"app": "elsewhere"})))
+    outcome = run(handler, c.state, adopt).outcome
+    assert (outcome.accepted, outcome.field, outcome.reason) == (
+        False, "manifest.name", "the selector does not match stray's labels")
+    assert c.controller.resync(c.state) == []
+    assert owner_of(c, "stray") is None
+
+    c.run(apply(stray(LABELS)))
+    [adopt] = [cmd for cmd in c.controller.resync(c.state) if cmd.verb == "adopt"]
+    run_accepted(handler, c.state, adopt)
+    again = run(handler, c.state, msgspec.structs.replace(adopt, id=str(uuid.uuid4())))
+    assert again.outcome.reason == "stray has a controller already"
+    release = Command(id=str(uuid.uuid4()), actor="system:controller:replicaset", kind=RS,
+                      verb="release", namespace="default", name="web",
+                      manifest={"name": "stray"})
+    assert run(handler, c.state, release).outcome.reason == \
+        "the selector still matches stray's labels"
+
+
 def test_bad_input_names_the_field_and_changes_nothing(
         handler: SyncHandler, prefix: str) -> None:
     c = cluster(handler, prefix)

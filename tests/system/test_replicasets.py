@@ -102,3 +102,43 @@ async def test_a_replica_lost_with_its_node_is_replaced_once(
     assert len({v["metadata"]["name"] for v in (*before, *after)}) == 3
     assert (await topics_since(vb, 0)).count(CREATED) == 3
     assert await running_replicas(vb, 2) is not None
+
+
+def orphan(labels: dict[str, str]) -> dict[str, Any]:
+    """A VMI of the example replica set's template, made by hand."""
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "orphan", "namespace": "default", "labels": labels},
+            "spec": example_replica_set()["spec"]["template"]["spec"]}
+
+
+def example_replica_set() -> dict[str, Any]:
+    path = EXAMPLES / "vmi-replicaset-cirros.yaml"
+    [rs] = parse_documents(path.read_text(), path.name)
+    return rs
+
+
+async def counted(vb: Client, replicas: int, orphan_owned: bool) -> bool:
+    """The replica set counts `replicas`, and the orphan's controller is it (or none)."""
+    rs = await vb.get(RS, "default", NAME)
+    vmi = await vb.get("VirtualMachineInstance", "default", "orphan")
+    owners = [o["name"] for o in vmi["metadata"].get("ownerReferences", [])]
+    return rs["status"].get("replicas") == replicas and owners == ([NAME] if orphan_owned else [])
+
+
+async def test_an_orphan_is_adopted_and_released_when_its_labels_change(
+        system: System, vb: Client) -> None:
+    """Claims run even while the replica set is paused (KubeVirt claims before it scales),
+    so the adopted orphan is counted and nothing is scaled away."""
+    await apply_examples(vb)
+    await eventually(lambda: running_replicas(vb, 2), what="two replicas Running")
+    paused = example_replica_set()
+    paused["spec"]["paused"] = True
+    assert all(o.accepted for o in await vb.apply(paused))
+
+    [taken] = await vb.apply(orphan({"kubevirt.io/vmReplicaSet": NAME}))
+    assert taken.accepted, taken.reason
+    await eventually(lambda: counted(vb, 3, orphan_owned=True), what="the orphan adopted")
+
+    [relabeled] = await vb.apply(orphan({"app": "elsewhere"}))
+    assert relabeled.accepted, relabeled.reason
+    await eventually(lambda: counted(vb, 2, orphan_owned=False), what="the orphan released")
