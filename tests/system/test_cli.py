@@ -153,7 +153,13 @@ def test_instancetypes_through_the_cli(cli: Cli) -> None:
     shown = cli.until("get", "vm", "vm-cirros-csmall", "-o", "yaml", contains="revisionName")
     vm = yaml.safe_load(shown)
     revision = vm["spec"]["instancetype"]["revisionName"]
-    assert vm["status"]["instancetypeRef"]["controllerRevisionRef"] == {"name": revision}
+    assert vm["status"]["instancetypeRef"] == {
+        "name": "csmall", "kind": "VirtualMachineInstancetype",
+        "controllerRevisionRef": {"name": revision}}
+    # Its VMI ran before the VM was read: the VM shows it, as `kubectl get vm -o yaml` does.
+    assert vm["status"]["printableStatus"] == "Running"
+    [ready] = [c for c in vm["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready["status"] == "True"
     assert revision in cli("get", "controllerrevision").stdout
     assert cli("delete", "vmf", "csmall").stdout.strip() == \
         'virtualmachineinstancetype.instancetype.kubevirt.io "csmall" deleted'
