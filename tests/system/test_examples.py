@@ -37,7 +37,8 @@ async def test_every_example_is_accepted_and_instancetypes_size_their_vms(
         system: System, vb: Client) -> None:
     """Every manifest of `examples/` applies (instancetypes before the VMs naming them, as
     their file names sort); the VM sized by u1.small runs with its shape, the seed's stopped
-    csmall VM is pinned at its start, and a VM naming cx1.large is refused for what a virtbus
+    csmall VM is pinned at its start, the windows preference gives its VM sata, a TPM and
+    Secure Boot, and a VM naming cx1.large is refused for what a virtbus
     VMI cannot hold yet."""
     for path in sorted(EXAMPLES.glob("*.yaml")):
         outcomes = await vb.apply(*parse_documents(path.read_text(), path.name))
@@ -61,6 +62,16 @@ async def test_every_example_is_accepted_and_instancetypes_size_their_vms(
     assert pinned["spec"]["instancetype"]["revisionName"] == revision
     assert (await vb.get("ControllerRevision", "default", revision))["data"]["kind"] == \
         "VirtualMachineInstancetype"
+
+    await vb.act("VirtualMachine", "start", "default", "windows")
+    windows = await eventually(lambda: vb.query("VirtualMachineInstance", "default", "windows"),
+                               what="windows' VMI")
+    domain = windows[0]["spec"]["domain"]
+    assert (domain["cpu"]["sockets"], domain["memory"]["guest"]) == (1, "1Gi")
+    assert [d["disk"]["bus"] for d in domain["devices"]["disks"]] == ["sata"]
+    assert domain["devices"]["tpm"] == {}
+    assert domain["firmware"]["bootloader"] == {"efi": {"secureBoot": True}}
+    assert domain["features"]["smm"] == {}
 
     exclusive = {**vm_manifest("exclusive"), "spec": {
         "runStrategy": "Halted", "instancetype": {"name": "cx1.large"},
