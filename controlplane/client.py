@@ -76,6 +76,9 @@ RETRY_WITHIN_SECONDS: Final = 20.0
 """How long a read, a command's publish or an outcome's look-up retries what NATS cannot do
 now (a server of the cluster lost and the connection moved to another, a JetStream leader
 being elected, the read service reconnecting) before the error is raised."""
+DRAIN_POLL_SECONDS: Final = 1.0
+"""How often `drain_progress` reads what the log gained: a person creates no consumer, so it
+polls by Direct Get."""
 RECONNECT_ATTEMPTS: Final = 3
 """Attempts per server, at connect and after a lost connection, before the client gives up."""
 RECONNECT_WAIT_SECONDS: Final = 0.5
@@ -337,7 +340,7 @@ class Client:
     async def drain_progress(self, node: str) -> AsyncIterator[DrainProgress]:
         """How a node's drain goes, from now (the log replayed up to its end first) until it
         is over: a new value each time what it still holds changes. It reads the log
-        directly: who may drain (patch nodes) is a cluster-wide operator."""
+        directly, by Direct Get: who may drain (patch nodes) is a cluster-wide operator."""
         state = ClusterState()
         queue: asyncio.Queue[DrainProgress] = asyncio.Queue()
         last: DrainProgress | None = None
@@ -364,7 +367,8 @@ class Client:
 
         stop = asyncio.Event()
         task = asyncio.ensure_future(follow(self.nc, self.layout, on_event,
-                                            on_caught_up=on_caught_up, stop=stop))
+                                            on_caught_up=on_caught_up, stop=stop,
+                                            poll_seconds=DRAIN_POLL_SECONDS))
         try:
             while True:
                 getter = asyncio.ensure_future(queue.get())
