@@ -17,6 +17,7 @@ import pytest
 from nats.aio.client import Client as Nats
 from structlog.testing import capture_logs
 
+from controlplane.client import Client
 from controlplane.writer import Writer
 from events.connect import connect
 from events.errors import InvalidSpec
@@ -62,7 +63,10 @@ class Reads:
 
 
 @pytest.fixture
-async def reads(nats_url: str, prefix: str) -> AsyncIterator[Reads]:
+async def reads(nats_url: str, prefix: str, request: pytest.FixtureRequest
+                ) -> AsyncIterator[Reads]:
+    """The read service with `LIMIT` (or the limit the test names), past one apply."""
+    limit: AuditLimit = getattr(request, "param", LIMIT)
     layout = Layout(prefix)
     nc = await connect(nats_url, "test")
     await ensure_all(nc.jetstream(), layout)
@@ -70,7 +74,7 @@ async def reads(nats_url: str, prefix: str) -> AsyncIterator[Reads]:
                       verb="apply", manifest=vm_manifest("web", "Halted"))
     applied = await Writer(nc, layout).execute(command)
     assert applied.outcome.accepted, applied.outcome.reason
-    service = ReadService(nc, layout, audit_limit=LIMIT)
+    service = ReadService(nc, layout, audit_limit=limit)
     stop = asyncio.Event()
     task = asyncio.ensure_future(service.run(stop))
     out = Reads(nc, layout, service, applied.outcome.sequences[-1])
@@ -107,6 +111,17 @@ async def test_an_asker_past_its_audit_reads_waits(reads: Reads) -> None:
     now = await reads.now()
     assert now.error == "" and [i["metadata"]["name"] for i in now.items] == ["web"]
     assert reads.refused() == 3
+
+
+@pytest.mark.parametrize("reads", [AuditLimit(per_second=0.25, burst=1)], indirect=True)
+async def test_the_client_asks_again_when_told(reads: Reads, nats_url: str,
+                                               prefix: str) -> None:
+    """As client-go on a 429: the second history waits the seconds the refusal names (4)
+    and is answered."""
+    async with await Client.connect(nats_url, prefix, actor="carol") as carol:
+        first = await carol.history("VirtualMachine", "default", "web")
+        assert await carol.history("VirtualMachine", "default", "web") == first
+    assert reads.refused() == 1
 
 
 def test_a_bucket_refills_at_its_rate() -> None:
