@@ -37,7 +37,7 @@ from events.api.scheduling import Taint
 from events.codec import Event
 from events.connect import Access, connect, url_user
 from events.directget import last_on, sequence
-from events.errors import Forbidden, InvalidSpec, NotFound
+from events.errors import Forbidden, InvalidSpec, NotFound, TooManyRequests
 from events.messages import (
     Command,
     Outcome,
@@ -48,6 +48,7 @@ from events.messages import (
 )
 from events.query import (
     FORBIDDEN,
+    TOO_MANY_REQUESTS,
     Answer,
     Change,
     HistoryAnswer,
@@ -76,6 +77,9 @@ RETRY_WITHIN_SECONDS: Final = 20.0
 """How long a read, a command's publish or an outcome's look-up retries what NATS cannot do
 now (a server of the cluster lost and the connection moved to another, a JetStream leader
 being elected, the read service reconnecting) before the error is raised."""
+DRAIN_POLL_SECONDS: Final = 1.0
+"""How often `drain_progress` reads what the log gained: a person creates no consumer, so it
+polls by Direct Get."""
 RECONNECT_ATTEMPTS: Final = 3
 """Attempts per server, at connect and after a lost connection, before the client gives up."""
 RECONNECT_WAIT_SECONDS: Final = 0.5
@@ -292,10 +296,20 @@ class Client:
     # -- reads -------------------------------------------------------------------------
 
     async def _ask(self, verb: Verb, query: msgspec.Struct, answer: type[A]) -> A:
-        """The read service's answer; its refusal raised (`Forbidden` for the policy's)."""
-        got = await retry_within(
-            lambda: ask_verb(self.nc, self.layout, self.actor, verb, query, answer=answer),
-            "asking the read service", RETRY_WITHIN_SECONDS)
+        """The read service's answer; its refusal raised (`Forbidden` for the policy's). An
+        audit read refused for its rate is asked again when the answer says, as client-go
+        does on a 429, while the waits add up to no more than `RETRY_WITHIN_SECONDS`."""
+        waited = 0
+        while True:
+            got = await retry_within(
+                lambda: ask_verb(self.nc, self.layout, self.actor, verb, query, answer=answer),
+                "asking the read service", RETRY_WITHIN_SECONDS)
+            if got.reason != TOO_MANY_REQUESTS:
+                break
+            waited += got.retry_after_seconds
+            if waited > RETRY_WITHIN_SECONDS:
+                raise TooManyRequests(got.error, got.retry_after_seconds)
+            await asyncio.sleep(got.retry_after_seconds)
         if got.reason == FORBIDDEN:
             raise Forbidden(got.error)
         if got.error:
@@ -337,7 +351,7 @@ class Client:
     async def drain_progress(self, node: str) -> AsyncIterator[DrainProgress]:
         """How a node's drain goes, from now (the log replayed up to its end first) until it
         is over: a new value each time what it still holds changes. It reads the log
-        directly: who may drain (patch nodes) is a cluster-wide operator."""
+        directly, by Direct Get: who may drain (patch nodes) is a cluster-wide operator."""
         state = ClusterState()
         queue: asyncio.Queue[DrainProgress] = asyncio.Queue()
         last: DrainProgress | None = None
@@ -364,7 +378,8 @@ class Client:
 
         stop = asyncio.Event()
         task = asyncio.ensure_future(follow(self.nc, self.layout, on_event,
-                                            on_caught_up=on_caught_up, stop=stop))
+                                            on_caught_up=on_caught_up, stop=stop,
+                                            poll_seconds=DRAIN_POLL_SECONDS))
         try:
             while True:
                 getter = asyncio.ensure_future(queue.get())

@@ -34,6 +34,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from events.connect import inbox_for
 from events.errors import InvalidSpec
 from events.messages import SYSTEM_ACTOR_PREFIX, node_actor
 from events.policy import KUBEVIRT_GROUP, Policy, Request, load_policy
@@ -74,8 +75,9 @@ class NatsUser(msgspec.Struct, frozen=True, kw_only=True):
     """What it publishes to other users of USERS (simulation requests and their answers):
     allowed, never imported from STORE."""
     deliveries: list[str] = []
-    """What STORE publishes to it (push consumers' deliveries on its inbox, its outcomes):
-    exported from STORE to USERS as streams."""
+    """What STORE publishes to it (its outcomes): exported from STORE to USERS as streams.
+    Not its inbox: the answers to its requests cross back by the import they went by, and
+    nothing else in STORE has anything to deliver there."""
 
     def imports(self) -> list[str]:
         """The STORE subjects it publishes to (service imports): every allowed one but its
@@ -168,7 +170,7 @@ def admin(layout: Layout) -> NatsUser:
                  *(f"$JS.API.STREAM.{op}.{s}" for s in streams
                    for op in ("CREATE", "UPDATE", "INFO"))],
         deny=[f"{layout.prefix}.>", "$KV.>", *_NO_LOG_SURGERY],
-        subscribe=[f"_INBOX.{ADMIN_USER}.>"])
+        subscribe=[inbox(ADMIN_USER)])
 
 
 def controlplane(layout: Layout) -> NatsUser:
@@ -197,7 +199,7 @@ def controlplane(layout: Layout) -> NatsUser:
                    for c in api.consumers(api.kv(b), durable=False, acks=False))],
         deny=[f"{p}.cmd.>", f"{p}.report.>", f"$KV.{layout.heartbeats_bucket}.>",
               "$JS.API.STREAM.CREATE.>", "$JS.API.STREAM.UPDATE.>", *_NO_LOG_SURGERY],
-        subscribe=[f"_INBOX.{CONTROLPLANE_USER}.>"])
+        subscribe=[inbox(CONTROLPLANE_USER)])
 
 
 def projections(layout: Layout) -> NatsUser:
@@ -210,7 +212,8 @@ def projections(layout: Layout) -> NatsUser:
               "`_R_.` replies the server maps a USERS requester's reply to. No "
               "`allow_responses`, which would let a requester aim an answer at any subject "
               "(an event subject among them).",
-        publish=[f"$KV.{layout.checkpoints_bucket}.>", "_INBOX.>", "_R_.>", *_COMMON,
+        publish=[f"$KV.{layout.checkpoints_bucket}.>", inbox(CONTROLPLANE_USER), "_R_.>",
+                 *_COMMON,
                  f"$O.{layout.read_snapshots_bucket}.>", *api.snapshot_reads(),
                  *api.stream_info(events, layout.reports_stream,
                                   api.kv(layout.checkpoints_bucket)),
@@ -219,13 +222,20 @@ def projections(layout: Layout) -> NatsUser:
         deny=[f"{layout.prefix}.>", f"$KV.{layout.outcomes_bucket}.>",
               f"$KV.{layout.leases_bucket}.>", f"$KV.{layout.heartbeats_bucket}.>",
               *_NO_LOG_SURGERY],
-        subscribe=[f"_INBOX.{PROJECTIONS_USER}.>", f"{layout.query_root}.>"])
+        subscribe=[inbox(PROJECTIONS_USER), f"{layout.query_root}.>"])
 
 
 def person(layout: Layout, user: str, *, reads_all_events: bool, operates: bool) -> NatsUser:
     """A person (or a tool): commands and queries under its own name, its own outcomes;
-    the event log itself only when the policy lets it change every VM (anyone else asks the
-    read service, which filters by namespace and redacts cloud-init secrets)."""
+    the event log itself, by Direct Get, only when the policy lets it change every VM (anyone
+    else asks the read service, which filters by namespace and redacts cloud-init secrets).
+
+    No person creates a consumer: a consumer lives in STORE and its deliveries are published
+    there, on whatever `deliver_subject` its creator chose, which no permission can see (it is
+    in the request's body). A cluster-admin's consumer delivered copies of the log onto
+    another person's outcome key, stored in the outcomes bucket. NATS operators share a
+    stream across accounts by the owner's consumers or by request/reply (Direct Get), whose
+    answers cross back to the asker's account; people get Direct Get only."""
     api, p, token = _Api(layout), layout.prefix, encode_token(user)
     outcomes = layout.outcomes_bucket
     publish = [f"{p}.cmd.{token}.>", f"{layout.query_root}.{token}.>", *_COMMON,
@@ -233,27 +243,33 @@ def person(layout: Layout, user: str, *, reads_all_events: bool, operates: bool)
                                 api.kv(outcomes)),
                *api.kv_reads(outcomes, f"{token}.>")]
     if reads_all_events:
-        publish += [*api.reads(layout.events_stream),
-                    *api.consumers(layout.events_stream, durable=False), *api.snapshot_reads()]
+        publish += api.reads(layout.events_stream)
     peers = [f"{p}.agent.*.>"] if operates else []
     if operates:  # dead letters hold every user's messages; simulations are test-only
         publish += [*api.reads(layout.dead_letter_stream), *peers]
-    deliveries = [f"_INBOX.{user}.>", f"$KV.{outcomes}.{token}.>"]
+    deliveries = [f"$KV.{outcomes}.{token}.>"]
     return NatsUser(
         name=user, about=f"The person or tool {user!r}.", publish=publish,
         deny=[f"{layout.events_root}.>", f"{layout.tracking_root}.>",
               f"{layout.snapshots_root}.>", f"{p}.node.>", f"{p}.report.>", "$KV.>",
-              "$JS.API.STREAM.CREATE.>", "$JS.API.STREAM.UPDATE.>", *_NO_LOG_SURGERY],
-        subscribe=deliveries, home="users", peers=peers, deliveries=deliveries)
+              "$JS.API.CONSUMER.>", "$JS.API.STREAM.CREATE.>", "$JS.API.STREAM.UPDATE.>",
+              *_NO_LOG_SURGERY],
+        subscribe=[inbox(user), *deliveries], home="users", peers=peers,
+        deliveries=deliveries)
 
 
-SIMULATION_ANSWERS: Final = ["_INBOX.>"]
-"""Where a node agent answers simulation requests (test driver only): the asker's inbox, in
-USERS, where no stream is."""
+def inbox(user: str) -> str:
+    """`user`'s inbox subtree (`events.connect.inbox_for`): its replies arrive there, and only
+    it subscribes to it."""
+    return f"{inbox_for(user)}.>"
 
 
-def node_agent(layout: Layout, node: str) -> NatsUser:
+def node_agent(layout: Layout, node: str, askers: Iterable[str] = ()) -> NatsUser:
+    """A node agent; it answers simulation requests (test driver only) from `askers` (the
+    people who may operate), and so publishes to their inboxes and to no other: not to
+    another node's, nor to a person's who never asks it."""
     api, p, token = _Api(layout), layout.prefix, encode_token(node)
+    answers = [inbox(asker) for asker in askers]
     user, consumer = node_user(node), f"agent-{token}"
     heartbeats, applied = layout.heartbeats_bucket, layout.applied_bucket
     return NatsUser(
@@ -272,16 +288,16 @@ def node_agent(layout: Layout, node: str) -> NatsUser:
                  f"{layout.node_filter(node)}",
                  f"$JS.API.CONSUMER.INFO.{layout.node_stream}.{consumer}",
                  f"$JS.API.CONSUMER.MSG.NEXT.{layout.node_stream}.{consumer}",
-                 f"$JS.ACK.{layout.node_stream}.{consumer}.>", *SIMULATION_ANSWERS],
+                 f"$JS.ACK.{layout.node_stream}.{consumer}.>", *answers],
         deny=[f"{layout.events_root}.>", f"{layout.tracking_root}.>", f"{p}.cmd.>",
               f"{p}.node.>", *_NO_LOG_SURGERY],
-        subscribe=[f"_INBOX.{user}.>", layout.agent_subject(node, ">")],
-        home="users", peers=SIMULATION_ANSWERS)
+        subscribe=[inbox(user), layout.agent_subject(node, ">")],
+        home="users", peers=answers)
 
 
 def users_for(layout: Layout, policy: Policy, nodes: Iterable[str]) -> list[NatsUser]:
     """Every NATS user of an installation: the roles, each person the policy binds, each node."""
-    people = []
+    people, operators = [], []
     # Kubernetes' own users (`system:anonymous`, bound for the HTTP API) log in to no NATS.
     for user in (u for u in policy.users if not u.startswith(SYSTEM_ACTOR_PREFIX)):
         if not DNS1123_LABEL.fullmatch(user) or user in ROLE_USERS \
@@ -293,10 +309,11 @@ def users_for(layout: Layout, policy: Policy, nodes: Iterable[str]) -> list[Nats
         # could read them back by writing them) reads it directly; others ask the read
         # service, which filters and redacts.
         everywhere = policy.namespaces(user, "patch", KUBEVIRT_GROUP, "virtualmachines") is None
-        people.append(person(layout, user, reads_all_events=everywhere,
-                             operates=policy.allows(user, OPERATING)))
+        operates = policy.allows(user, OPERATING)
+        people.append(person(layout, user, reads_all_events=everywhere, operates=operates))
+        operators += [user] if operates else []
     return [admin(layout), controlplane(layout), projections(layout), *people,
-            *(node_agent(layout, n) for n in nodes)]
+            *(node_agent(layout, n, operators) for n in nodes)]
 
 
 def users_account(account: str) -> str:
@@ -425,18 +442,21 @@ HEADER: Final = """\
 # person the policy binds) and node agents (`node-<node>`) log in to VIRTBUS_USERS, which
 # has no JetStream of its own: it reaches VIRTBUS only through the service imports below
 # (what they may publish: commands, queries, reports, JetStream API calls, acks) and stream
-# imports (what VIRTBUS delivers to them: push consumers' messages on their inbox, their
-# outcomes). A reply subject crossing an import is mapped by the server, and its answer is
-# delivered back in VIRTBUS_USERS, so no answer a person or a node aims anywhere can be
-# stored in a stream. Each user's permissions still say which of the imported subjects it
-# may use (its own commands, its own reports, ...).
+# imports (what VIRTBUS delivers to them: their outcomes). A reply subject crossing an
+# import is mapped by the server, and its answer is delivered back in VIRTBUS_USERS, so no
+# answer a person or a node aims anywhere can be stored in a stream. Each user's
+# permissions still say which of the imported subjects it may use (its own commands, its
+# own reports, ...). No person creates a JetStream consumer (its deliveries would go where
+# its creator said, in VIRTBUS): people read the log by Direct Get or ask the read service.
 #
 # Include it from a server config (`include ./accounts.conf` in single.conf,
 # `include ../accounts.conf` in cluster/nN.conf). Passwords are never in this file: each is
 # read from the server's environment (VIRTBUS_NATS_<USER>_PASSWORD), and a server started
 # without one refuses to start. Allow lists are exhaustive; deny lists restate the most
 # important refusals. Replies arrive on each user's own inbox subtree, `_INBOX.<user>.>`,
-# so no user reads another's replies.
+# so no user reads another's replies; nobody publishes into another's inbox but the read
+# service (into the control plane's) and node agents (answering the operators' simulation
+# requests, into those operators' inboxes only).
 """
 
 

@@ -28,5 +28,14 @@ class Forbidden(VirtbusError, PermissionError):
     """The policy does not let this user do or read that (Kubernetes' Forbidden)."""
 
 
+class TooManyRequests(VirtbusError):
+    """The read service refused an audit read past the asker's rate (Kubernetes' 429); ask
+    again after `retry_after_seconds`."""
+
+    def __init__(self, message: str, retry_after_seconds: int) -> None:
+        self.retry_after_seconds = retry_after_seconds
+        super().__init__(message)
+
+
 class Conflict(VirtbusError):
     """The object changed under the writer; retry from fresh state."""

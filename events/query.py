@@ -30,6 +30,9 @@ Verb = Literal["get", "history", "watch"]
 VERBS: Final[tuple[Verb, ...]] = ("get", "history", "watch")
 FORBIDDEN: Final = "Forbidden"
 """An answer's `reason` when the policy refused the query (Kubernetes' Status reason)."""
+TOO_MANY_REQUESTS: Final = "TooManyRequests"
+"""An answer's `reason` when the asker made too many audit reads (Kubernetes' 429); its
+`retry_after_seconds` says when to ask again."""
 WATCH_PAGE: Final = 256
 """The most changes one `watch` answer holds; the next page starts where it ended."""
 
@@ -50,7 +53,9 @@ class Answer(msgspec.Struct, frozen=True, kw_only=True):
     sequence: int = 0
     error: str = ""
     reason: str = ""
-    """`FORBIDDEN` when the policy refused it; '' for any other error."""
+    """`FORBIDDEN` when the policy refused it, `TOO_MANY_REQUESTS` when the asker must wait;
+    '' for any other error."""
+    retry_after_seconds: int = 0
 
 
 class HistoryQuery(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,6 +85,7 @@ class HistoryAnswer(msgspec.Struct, frozen=True, kw_only=True):
     entries: list[HistoryEntry] = []
     error: str = ""
     reason: str = ""
+    retry_after_seconds: int = 0
 
 
 class WatchQuery(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,6 +117,7 @@ class WatchAnswer(msgspec.Struct, frozen=True, kw_only=True):
     """Where the next page starts: past every event this answer covered."""
     error: str = ""
     reason: str = ""
+    retry_after_seconds: int = 0
 
 
 def query_subject(layout: Layout, asker: str, verb: Verb = "get") -> str:

@@ -11,10 +11,12 @@ from events.errors import InvalidSpec
 from events.logs import configure
 from events.policy import add_policy_argument, load_policy
 from events.subjects import Layout
+from projections import ratelimit
 from projections.http import StaticTokens
 from projections.service import run
 
 TOKEN_FILE_ENV = "VIRTBUS_TOKEN_AUTH_FILE"
+TRUST_PROXY_ENV = "VIRTBUS_TRUST_PROXY_HEADERS"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,12 +30,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="bearer tokens of the HTTP API: CSV token,user,uid[,\"groups\"] as "
                         "kube-apiserver's (env VIRTBUS_TOKEN_AUTH_FILE); without one, "
                         "every request is system:anonymous")
+    p.add_argument("--trust-proxy-headers", action="store_true",
+                   default=os.environ.get(TRUST_PROXY_ENV, "") in ("1", "true"),
+                   help="take the HTTP asker from X-Remote-User, as kube-rbac-proxy "
+                        "(--auth-header-fields-enabled) sets it, on requests from a loopback "
+                        f"address: only where the proxy alone reaches it, as a sidecar in "
+                        f"the same pod (env {TRUST_PROXY_ENV}=true)")
     add_policy_argument(p)
+    ratelimit.add_arguments(p)
     args = parser.parse_args(argv)
     configure()
     try:
         policy = load_policy(args.policy)
         tokens = StaticTokens.load(args.token_auth_file) if args.token_auth_file else None
+        audit_limit = ratelimit.limit_from_args(args)
     except InvalidSpec as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -42,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         host, _, port = args.listen.rpartition(":")
         listen = (host or "0.0.0.0", int(port))
     try:
-        run(access_from_args(args), Layout(args.prefix), listen, policy, tokens)
+        run(access_from_args(args), Layout(args.prefix), listen, policy=policy, tokens=tokens,
+            audit_limit=audit_limit, trust_proxy_headers=args.trust_proxy_headers)
     except NATS_FAILURES as e:  # a malformed URL; NATS lost past what the service rides out
         return stopped_by(e)
     return 0

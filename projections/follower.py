@@ -19,6 +19,7 @@ from nats.errors import Error as NatsError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
+from events.aio import pause_unless_stopped
 from events.codec import Event, decode, event_class, split_topic
 from events.datastore import TOPIC_HEADER
 from events.directget import PAGE, direct_batch, first_since, last_on, sequence
@@ -157,40 +158,62 @@ async def follow(
     on_caught_up: OnCaughtUp | None = None,
     on_skip: OnSkip | None = None,
     stop: asyncio.Event | None = None,
+    poll_seconds: float | None = None,
 ) -> None:
     """Deliver every event from `start` on, in order, until `stop` is set. A message this
     version cannot decode is skipped (logged, and told to `on_skip`), never delivered, and
     the follow goes on past it. A read NATS cannot answer now (a server of the cluster
     lost, a leader being elected) is tried again from where it was, one log line per
-    attempt, until it is answered or `stop` is set."""
+    attempt, until it is answered or `stop` is set.
+
+    Live, it reads from an ordered consumer; given `poll_seconds`, by Direct Get pages that
+    often instead: a person may create no consumer (`events.authorization.person`)."""
     subject = subject or layout.events_filter()
     stop = stop or asyncio.Event()
     target = await retry_until_stopped(lambda: head(nc, layout, subject),
                                        "reading the log's head", stop)
     if target is None:  # stopped first
         return
-    position = start
     progress = _Progress(start, target)
-    while position <= target and not stop.is_set():
+    position = await _read_pages(nc, layout, on_event, on_skip, subject=subject,
+                                 position=start, stop=stop, progress=progress)
+    if position is None:  # stopped first
+        return
+    progress.done()
+    if on_caught_up is not None:
+        await on_caught_up()
+    if poll_seconds is None:
+        await _follow_live(nc, layout, on_event, on_skip, subject=subject, position=position,
+                           stop=stop)
+        return
+    while position is not None and not stop.is_set():
+        await pause_unless_stopped(stop, poll_seconds)
+        position = await _read_pages(nc, layout, on_event, on_skip, subject=subject,
+                                     position=position, stop=stop)
+
+
+async def _read_pages(nc: Client, layout: Layout, on_event: OnEvent, on_skip: OnSkip | None,
+                      *, subject: str, position: int, stop: asyncio.Event,
+                      progress: _Progress | None = None) -> int | None:
+    """Hand over every event from `position` to the log's end, a Direct Get page at a time;
+    where the next read starts (None if stopped first)."""
+    while not stop.is_set():
         page = await retry_until_stopped(
             functools.partial(direct_batch, nc, layout.events_stream, position, PAGE, subject),
             "replaying the log", stop, position=position)
         if page is None:  # stopped first
-            return
+            return None
         for msg in page:
             await _hand_over(msg, sequence(msg), on_event, on_skip)
         if page:
-            # A page may run past `target` (appended since `head`): go live after the last
-            # event delivered, not after `target`, or those events come twice.
+            # A page may run past the head read before (appended since): go on after the
+            # last event delivered, or those events come twice.
             position = sequence(page[-1]) + 1
         if len(page) < PAGE:
             break
-        progress.report(position)
-    progress.done()
-    if on_caught_up is not None:
-        await on_caught_up()
-    await _follow_live(nc, layout, on_event, on_skip, subject=subject, position=position,
-                       stop=stop)
+        if progress is not None:
+            progress.report(position)
+    return position
 
 
 async def _hand_over(msg: Msg, seq: int, on_event: OnEvent, on_skip: OnSkip | None) -> None:

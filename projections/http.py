@@ -18,14 +18,20 @@ it (the maintained asyncio HTTP server); `respond` is the whole API, a pure func
 
 Who asks is who a bearer token names, from a static token file in Kubernetes' own format
 (kube-apiserver's `--token-auth-file`); no token is `system:anonymous`, a token the file
-does not hold is 401. Every answer is what the policy shows that user; `/metrics` needs a
-`get` of that path (a `nonResourceURLs` rule: `cluster-admin`, `system:monitoring`).
+does not hold is 401. Behind kube-rbac-proxy (`--auth-header-fields-enabled`), which checks
+the caller's Kubernetes token and drops it, who asks is the user the proxy names in
+`X-Remote-User`, when the API is told to trust it (`trust_proxy_headers`) and the request
+comes from a loopback address (the proxy is a sidecar in the same pod); from anywhere else
+the header is ignored, and logged. Every answer is what the policy shows that user;
+`/metrics` needs a `get` of that path (a `nonResourceURLs` rule: `cluster-admin`,
+`system:monitoring`).
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import ipaddress
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +67,10 @@ UNAUTHORIZED: Final = "unauthorized"
 """A `refuse` reason: a bearer token the token file does not hold (or no bearer token)."""
 FORBIDDEN_PATH: Final = "forbidden_path"
 """A `refuse` reason: a path the policy does not let the user get (`/metrics`)."""
+REMOTE_USER_HEADER: Final = "X-Remote-User"
+"""Where kube-rbac-proxy names the user it authenticated (its `--auth-header-user-field-name`
+default); it sets the header itself, over any the caller sent. Its groups header is not
+read: the policy binds users."""
 
 
 class Reader(Protocol):
@@ -194,15 +204,36 @@ def _status(code: int, reason: str, message: str) -> tuple[int, str, bytes]:
     return code, "application/json", json.dumps(body).encode()
 
 
+def _loopback(peer: str | None) -> bool:
+    try:
+        return peer is not None and ipaddress.ip_address(peer).is_loopback
+    except ValueError:  # no IP address (a Unix socket)
+        return False
+
+
+def asker(request: web.Request, tokens: StaticTokens, trust_proxy_headers: bool) -> str | None:
+    """Who asks: the user a trusted proxy names (see the module), else who the bearer token
+    names (`StaticTokens.user`)."""
+    proxied = request.headers.get(REMOTE_USER_HEADER, "").strip()
+    if proxied:
+        if trust_proxy_headers and _loopback(request.remote):
+            return proxied
+        log.warning("ignored an identity header from an untrusted peer",
+                    header=REMOTE_USER_HEADER, peer=request.remote, path=request.path,
+                    trusted=trust_proxy_headers)
+    return tokens.user(request.headers.get("Authorization"))
+
+
 async def serve(state: ClusterState, reader: Reader, host: str, port: int,
-                tokens: StaticTokens | None = None) -> web.AppRunner:
+                tokens: StaticTokens | None = None, *,
+                trust_proxy_headers: bool = False) -> web.AppRunner:
     """Serve until the returned runner is cleaned up (`await runner.cleanup()`). aiohttp does
-    the HTTP; every path is answered by `respond` as the token's user sees it (without a
+    the HTTP; every path is answered by `respond` as its asker (`asker`) sees it (without a
     token file, any token is unknown), any method but GET is 405."""
     known = tokens or StaticTokens({})
 
     async def get(request: web.Request) -> web.Response:
-        user = known.user(request.headers.get("Authorization"))
+        user = asker(request, known, trust_proxy_headers)
         if user is None:
             reader.refuse(UNAUTHORIZED, path=request.path)
             code, ctype, body = _status(401, "Unauthorized", "Unauthorized")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import signal
 from typing import Any, Final
 
@@ -22,6 +23,7 @@ from events.messages import NODE_ACTOR_PREFIX
 from events.policy import Policy, Request, resource_of
 from events.query import (
     FORBIDDEN,
+    TOO_MANY_REQUESTS,
     Answer,
     HistoryAnswer,
     HistoryQuery,
@@ -39,6 +41,7 @@ from projections.follower import follow, head, start_sequence_at
 from projections.hco import ALERTS_QUERY, METRICS_QUERY
 from projections.http import ANONYMOUS, StaticTokens
 from projections.query import CLUSTER_SCOPED, KIND_TOKENS
+from projections.ratelimit import AskerLimits, AuditLimit
 from projections.rendering import render
 from projections.snapshots import Snapshots, keep_writing, restore
 
@@ -59,6 +62,12 @@ MALFORMED: Final = "malformed"
 """A query that does not decode, names no kind the read side serves, or no such verb."""
 FORBIDDEN_REASON: Final = "forbidden"
 """A query naming what the policy does not let the asker read."""
+RATE_LIMITED: Final = "rate_limited"
+"""An audit read past the asker's rate (`projections.ratelimit`)."""
+STATUS_REASONS: Final = {FORBIDDEN_REASON: FORBIDDEN, RATE_LIMITED: TOO_MANY_REQUESTS}
+"""A refusal's Kubernetes Status reason, told to the asker in the answer."""
+TOO_MANY_REQUESTS_MESSAGE: Final = "Too many requests, please try again later."
+"""kube-apiserver's words for a 429."""
 WATCH_WAIT_SECONDS: Final = 5.0
 """How long a `watch` page waits for a first change before it answers with none: under the
 asker's request timeout (`events.query.QUERY_TIMEOUT_SECONDS`)."""
@@ -118,8 +127,9 @@ def visible(policy: Policy, asker: str, query: Query,
 class Refused(Exception):
     """A query the read service answers with an error, counted by `reason` and logged."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, retry_after_seconds: int = 0) -> None:
         self.reason = reason
+        self.retry_after_seconds = retry_after_seconds
         super().__init__(message)
 
 
@@ -157,11 +167,15 @@ def _secret_sources(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 class ReadService:
     def __init__(self, nc: Client, layout: Layout, policy: Policy | None = None,
-                 tokens: StaticTokens | None = None) -> None:
+                 tokens: StaticTokens | None = None,
+                 audit_limit: AuditLimit | None = None, *,
+                 trust_proxy_headers: bool = False) -> None:
         self.nc = nc
         self.layout = layout
         self.policy = policy or Policy.open()
         self.tokens = tokens
+        self.trust_proxy_headers = trust_proxy_headers
+        self.audit_limits = AskerLimits(audit_limit or AuditLimit())
         self.state = ClusterState()
         self.advanced = asyncio.Condition()
         self.answering: set[asyncio.Task[None]] = set()
@@ -210,8 +224,8 @@ class ReadService:
 
     async def _answer(self, msg: Msg) -> None:
         """Decode by verb, answer as the asker may see it; anything refused is an answer
-        with `error` (and `reason` `FORBIDDEN` for the policy's refusals), counted and
-        logged, never a crash."""
+        with `error` (and `reason` `FORBIDDEN` for the policy's refusals, `TOO_MANY_REQUESTS`
+        past the asker's audit reads), counted and logged, never a crash."""
         asker, verb = query_asker(self.layout, msg.subject)
         answer_type: type[Answer | HistoryAnswer | WatchAnswer] = Answer
         try:
@@ -230,17 +244,26 @@ class ReadService:
                 case _:
                     raise Refused(MALFORMED, f"no such query verb {verb[:32]!r}")
         except (msgspec.DecodeError, Refused) as e:
-            reason = e.reason if isinstance(e, Refused) else MALFORMED
-            self.refuse(reason, asker=asker, verb=verb, error=str(e))
-            answer = answer_type(error=f"{e}" if isinstance(e, Refused)
-                                 else f"{type(e).__name__}: {e}",
-                                 reason=FORBIDDEN if reason == FORBIDDEN_REASON else "")
+            refused = e if isinstance(e, Refused) else Refused(MALFORMED,
+                                                               f"{type(e).__name__}: {e}")
+            self.refuse(refused.reason, asker=asker, verb=verb, error=str(refused))
+            answer = answer_type(error=str(refused), reason=STATUS_REASONS.get(refused.reason, ""),
+                                 retry_after_seconds=refused.retry_after_seconds)
         except (TimeoutError, NatsError) as e:
             answer = answer_type(error=f"{type(e).__name__}: {e}")
         await msg.respond(msgspec.msgpack.encode(answer))
 
+    def _audit_read(self, asker: str) -> None:
+        """Take one of `asker`'s audit reads (each replays the log); refuse it as
+        kube-apiserver refuses a request past its limit when there is none left."""
+        wait = self.audit_limits.take(asker)
+        if wait:
+            raise Refused(RATE_LIMITED, TOO_MANY_REQUESTS_MESSAGE, math.ceil(wait))
+
     async def _get(self, asker: str, query: Query) -> Answer:
         """Now (once the state holds `after`), or `at` a point, rebuilt from the log."""
+        if query.at is not None:
+            self._audit_read(asker)
         if query.namespace and not asker.startswith(NODE_ACTOR_PREFIX):
             _forbid(PolicySight(self.policy, asker, query.kind,
                                 "get" if query.name else "list"), query.namespace)
@@ -262,6 +285,7 @@ class ReadService:
                 lambda: self.state.last_sequence >= sequence), timeout)
 
     async def _history(self, asker: str, query: HistoryQuery) -> HistoryAnswer:
+        self._audit_read(asker)
         if query.correlation:
             return HistoryAnswer(entries=await audit.request_trail(
                 self.nc, self.layout, query.correlation,
@@ -278,6 +302,7 @@ class ReadService:
     async def _watch(self, asker: str, query: WatchQuery) -> WatchAnswer:
         """One page of changes from `since`; an empty page (and the same `next`) when none
         came within `WATCH_WAIT_SECONDS`, so a client polls again without missing any."""
+        self._audit_read(asker)
         sight = PolicySight(self.policy, asker, _served_kind(query.kind), "watch")
         if query.namespace:
             _forbid(sight, query.namespace)
@@ -319,7 +344,8 @@ class ReadService:
         start = await restore(snapshots, self.state)
         writing = asyncio.ensure_future(keep_writing(snapshots, self.state, stop))
         sub = await self.listen()
-        server = (await http.serve(self.state, self, *listen, self.tokens)
+        server = (await http.serve(self.state, self, *listen, self.tokens,
+                                   trust_proxy_headers=self.trust_proxy_headers)
                   if listen else None)
         try:
             await follow(self.nc, self.layout, self._on_event, start=start,
@@ -333,8 +359,9 @@ class ReadService:
                 task.cancel()
 
 
-def run(access: Access, layout: Layout, listen: tuple[str, int] | None = None,
-        policy: Policy | None = None, tokens: StaticTokens | None = None) -> None:
+def run(access: Access, layout: Layout, listen: tuple[str, int] | None = None, *,
+        policy: Policy | None = None, tokens: StaticTokens | None = None,
+        audit_limit: AuditLimit | None = None, trust_proxy_headers: bool = False) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -345,7 +372,9 @@ def run(access: Access, layout: Layout, listen: tuple[str, int] | None = None,
         log.info("read service started", nats_url=shown(access.url), prefix=layout.prefix,
                  authorization="policy" if policy is not None and policy.enforced else "open")
         try:
-            await ReadService(nc, layout, policy, tokens).run(stop, listen)
+            service = ReadService(nc, layout, policy, tokens, audit_limit,
+                                  trust_proxy_headers=trust_proxy_headers)
+            await service.run(stop, listen)
         finally:
             await nc.close()
 
