@@ -7,7 +7,8 @@ then reconciles every object once, then follows new events live.
 
 What NATS cannot do now (a server of the cluster lost, a leader being elected) is retried
 where it failed, one log line per attempt, until it works or the loop stops: a dispatch
-(deduplicated by the event's id), the checkpoint, the heartbeat watch.
+(deduplicated by the event's id), the checkpoint, the heartbeat watch, the check of the
+nodes' work consumers.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ from controlplane.defaults import (
     NODE_MONITOR_GRACE_SECONDS,
     NODE_MONITOR_PERIOD_SECONDS,
     VM_BACKOFF_CHECK_PERIOD_SECONDS,
+    WORK_CONSUMERS_CHECK_SECONDS,
 )
 from controlplane.drain.controller import EvacuationController
 from controlplane.migration.controller import MigrationController
 from controlplane.replicaset.controller import ReplicaSetController
 from controlplane.workloadupdate.controller import WorkloadUpdater
 from controlplane.writer import Writer
-from events.aio import pause_unless_stopped
+from events.aio import pause_unless_stopped, unless_stopped
 from events.codec import Event
 from events.messages import Command
 from events.subjects import Layout
@@ -91,6 +93,7 @@ class ControlLoop:
             self._watch_heartbeats(stop),
             self._monitor_nodes(stop),
             self._wake_backoffs(stop),
+            self._keep_work_consumers(stop),
         )
 
     async def _watch_heartbeats(self, stop: asyncio.Event) -> None:
@@ -105,6 +108,24 @@ class ControlLoop:
                     raise
                 attempt += 1
                 await pause_unless_stopped(stop, note("watching heartbeats", e, attempt))
+
+    async def _keep_work_consumers(self, stop: asyncio.Event) -> None:
+        """Once live, every `WORK_CONSUMERS_CHECK_SECONDS`: each registered node's work
+        consumer that is gone (deleted, lost with its stream or its server) is set up again,
+        so its agent, which only binds to it, carries on."""
+        if not await unless_stopped(self.live.wait(), stop):
+            return
+        attempt = 0
+        while not stop.is_set():
+            try:
+                await self.dispatcher.consumers.check(n.name for n in self.state.nodes())
+                attempt, pause = 0, WORK_CONSUMERS_CHECK_SECONDS
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                attempt += 1
+                pause = note("checking the nodes' work consumers", e, attempt)
+            await pause_unless_stopped(stop, pause)
 
     async def _on_event(self, sequence: int, event: Event) -> None:
         self.state.apply(event, sequence)

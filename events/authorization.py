@@ -39,7 +39,7 @@ from events.errors import InvalidSpec
 from events.messages import SYSTEM_ACTOR_PREFIX, node_actor
 from events.policy import KUBEVIRT_GROUP, Policy, Request, load_policy
 from events.query import query_subject
-from events.streams import reads_direct
+from events.streams import reads_direct, work_consumer
 from events.subjects import DNS1123_LABEL, Layout, encode_token
 
 ADMIN_USER: Final = "admin"
@@ -182,8 +182,9 @@ def controlplane(layout: Layout) -> NatsUser:
     return NatsUser(
         name=CONTROLPLANE_USER,
         about="The only writer of events (expected last subject sequence, atomic batches, "
-              "read guards); dispatches node work; consumes commands and reports; owns the "
-              "outcomes, leases and checkpoints buckets; reads heartbeats. Stream "
+              "read guards); dispatches node work and makes each node's work consumer; "
+              "consumes commands and reports; owns the outcomes, leases and checkpoints "
+              "buckets; reads heartbeats. Stream "
               "administration is the admin user's: it only looks streams up.",
         publish=[f"{layout.events_root}.>", f"{layout.tracking_root}.>",
                  f"{layout.snapshots_root}.>", f"{p}.node.>", layout.guard_subject,
@@ -195,6 +196,7 @@ def controlplane(layout: Layout) -> NatsUser:
                  *(r for b in buckets[:4] for r in api.kv_reads(b)),
                  *api.consumers(events), *api.consumers(commands), *api.consumers(reports),
                  f"$JS.API.CONSUMER.NAMES.{node}", f"$JS.API.CONSUMER.INFO.{node}.*",
+                 f"$JS.API.CONSUMER.CREATE.{node}.>", f"$JS.API.CONSUMER.DELETE.{node}.*",
                  *(c for b in buckets[:4]
                    for c in api.consumers(api.kv(b), durable=False, acks=False))],
         deny=[f"{p}.cmd.>", f"{p}.report.>", f"$KV.{layout.heartbeats_bucket}.>",
@@ -270,13 +272,15 @@ def node_agent(layout: Layout, node: str, askers: Iterable[str] = ()) -> NatsUse
     another node's, nor to a person's who never asks it."""
     api, p, token = _Api(layout), layout.prefix, encode_token(node)
     answers = [inbox(asker) for asker in askers]
-    user, consumer = node_user(node), f"agent-{token}"
+    user, consumer = node_user(node), work_consumer(node)
     heartbeats, applied = layout.heartbeats_bucket, layout.applied_bucket
     return NatsUser(
         name=user,
-        about=f"The node agent of {node!r}: its own node work (one pull consumer whose "
-              "filter the create subject pins), reports, heartbeat and work log; asks the "
-              "read service which VMIs are its own. It reads no events.",
+        about=f"The node agent of {node!r}: its own node work (it binds to and pulls from "
+              "the consumer the control plane makes; it creates and updates no consumer, "
+              "since a create request's body, which no permission sees, could make it push "
+              "the node's work anywhere), reports, heartbeat and work log; asks the read "
+              "service which VMIs are its own. It reads no events.",
         publish=[f"{p}.report.{token}.>", f"$KV.{heartbeats}.{token}",
                  f"$KV.{applied}.{token}.>", query_subject(layout, node_actor(node)),
                  *_COMMON,
@@ -284,13 +288,12 @@ def node_agent(layout: Layout, node: str, askers: Iterable[str] = ()) -> NatsUse
                                   layout.reports_stream, api.kv(heartbeats), api.kv(applied)),
                  f"$JS.API.DIRECT.GET.{api.kv(heartbeats)}.$KV.{heartbeats}.{token}",
                  *api.kv_reads(applied, f"{token}.>"),
-                 f"$JS.API.CONSUMER.CREATE.{layout.node_stream}.{consumer}."
-                 f"{layout.node_filter(node)}",
                  f"$JS.API.CONSUMER.INFO.{layout.node_stream}.{consumer}",
                  f"$JS.API.CONSUMER.MSG.NEXT.{layout.node_stream}.{consumer}",
                  f"$JS.ACK.{layout.node_stream}.{consumer}.>", *answers],
         deny=[f"{layout.events_root}.>", f"{layout.tracking_root}.>", f"{p}.cmd.>",
-              f"{p}.node.>", *_NO_LOG_SURGERY],
+              f"{p}.node.>", "$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.DURABLE.CREATE.>",
+              *_NO_LOG_SURGERY],
         subscribe=[inbox(user), layout.agent_subject(node, ">")],
         home="users", peers=answers)
 
@@ -446,8 +449,10 @@ HEADER: Final = """\
 # import is mapped by the server, and its answer is delivered back in VIRTBUS_USERS, so no
 # answer a person or a node aims anywhere can be stored in a stream. Each user's
 # permissions still say which of the imported subjects it may use (its own commands, its
-# own reports, ...). No person creates a JetStream consumer (its deliveries would go where
-# its creator said, in VIRTBUS): people read the log by Direct Get or ask the read service.
+# own reports, ...). No person or node agent creates or updates a JetStream consumer (its
+# deliveries would go where its creator said, in VIRTBUS): people read the log by Direct Get
+# or ask the read service; the control plane makes each node's pull consumer, and its agent
+# only binds to it and pulls.
 #
 # Include it from a server config (`include ./accounts.conf` in single.conf,
 # `include ../accounts.conf` in cluster/nN.conf). Passwords are never in this file: each is

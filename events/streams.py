@@ -8,6 +8,8 @@ import dataclasses
 from typing import Final
 
 from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
     DiscardPolicy,
     KeyValueConfig,
     RetentionPolicy,
@@ -18,8 +20,9 @@ from nats.js.api import (
 from nats.js.client import JetStreamContext
 from nats.js.errors import BadRequestError, NotFoundError
 
+from events.aio import ACK_WAIT_SECONDS
 from events.connect import Access, connect
-from events.subjects import Layout
+from events.subjects import Layout, encode_token
 from events.transient import retry_within
 
 EVENT_DEDUPE_WINDOW: Final = 10 * 60.0
@@ -38,6 +41,10 @@ STREAMS_WAIT_SECONDS: Final = 30.0
 """How long a reader or an agent waits for the installation's streams at start."""
 STREAMS_POLL_SECONDS: Final = 0.1
 """How often it looks again while they are not there yet."""
+WORK_MAX_DELIVER: Final = 5
+"""Deliveries of one node work item before JetStream gives up on it (and says so in a
+MAX_DELIVERIES advisory): enough for an agent killed and restarted a few times mid-work, few
+enough that an item which kills its agent every time stops after that many restarts."""
 ENSURE_WITHIN_SECONDS: Final = 60.0
 """How long one set-up call retries a cluster that cannot answer yet (electing leaders after
 losing a server), before the set-up fails with the last error."""
@@ -121,6 +128,22 @@ def _stream_configs(layout: Layout, replicas: int) -> list[StreamConfig]:
             num_replicas=replicas,
         ),
     ]
+
+
+def work_consumer(node: str) -> str:
+    """The durable pull consumer through which `node`'s agent takes its work."""
+    return f"agent-{encode_token(node)}"
+
+
+def work_consumer_config(layout: Layout, node: str) -> ConsumerConfig:
+    """`node`'s work consumer: pull (no deliver subject), its node's subjects only. The
+    control plane creates it and sets it up again when it is gone; the agent only binds and
+    pulls, since a create request's body, which no permission sees, could make it a push
+    consumer publishing the node's work wherever its creator said."""
+    name = work_consumer(node)
+    return ConsumerConfig(name=name, durable_name=name, filter_subject=layout.node_filter(node),
+                          ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_SECONDS,
+                          max_deliver=WORK_MAX_DELIVER)
 
 
 async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:

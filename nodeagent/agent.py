@@ -68,10 +68,9 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.kv import KeyValue
 
-from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped, unless_stopped
+from events.aio import claimed, pause_unless_stopped, unless_stopped
 from events.api.hco_defaults import KUBEVIRT_MIN_CPU_MODEL
 from events.api.resources import vmi_resources
 from events.api.validation import START_PAUSED
@@ -88,7 +87,7 @@ from events.messages import (
     node_actor,
 )
 from events.query import Answer, Query, ask
-from events.streams import HEARTBEAT_INTERVAL, wait_for_streams
+from events.streams import HEARTBEAT_INTERVAL, wait_for_streams, work_consumer
 from events.subjects import DEFAULT_PREFIX, Layout, encode_token
 from events.transient import describe, is_transient, note, retry_until_stopped, retry_while_running
 from nodeagent import downwardmetrics, guestdisks, lifecycle
@@ -111,7 +110,6 @@ from nodeagent.defaults import (
     SIMULATED_BANDWIDTH_BYTES_PER_SECOND,
     SIMULATED_DIRTY_RATE_BYTES_PER_SECOND,
     TEST_HOST_CPU_MODEL,
-    WORK_MAX_DELIVER,
 )
 from nodeagent.devices import DeviceLedger
 from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
@@ -198,11 +196,6 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     def access(self) -> Access:
         return Access(self.nats_url, credentials=self.nats_credentials, ca=self.nats_ca,
                       cert=self.nats_cert, key=self.nats_key)
-
-
-def work_consumer(node: str) -> str:
-    """The durable pull consumer through which `node`'s agent takes its work."""
-    return f"agent-{encode_token(node)}"
 
 
 def vmi_of(dom: libvirt.virDomain) -> VMIRef | None:
@@ -562,23 +555,20 @@ class NodeAgent:
     async def _consume(self, stop: asyncio.Event) -> None:
         """Take the node's work one item at a time: an item fetched is an item claimed, so
         none waits out its ack wait in a batch behind slow work and comes twice. A pull NATS
-        cannot serve (no consumer leader, a server lost) is one log line, a pause, and the
-        consumer set up again (it may have been lost with its server)."""
+        cannot serve (no consumer leader, a server lost, the consumer gone) is one log line,
+        a pause, and a wait for the consumer, one line per look: the control plane creates
+        it and sets it up again, the agent only binds to it (`events.streams.work_consumer`)."""
         assert self.nc is not None
         js = self.nc.jetstream()
         durable = work_consumer(self.cfg.node)
-        # Created, or brought to this config (an older agent's consumer had no max_deliver).
-        config = ConsumerConfig(
-            name=durable, durable_name=durable, filter_subject=self.layout.node_filter(
-                self.cfg.node), ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_SECONDS,
-            max_deliver=WORK_MAX_DELIVER)
 
-        async def ensure_consumer() -> bool:
+        async def consumer_there() -> bool:
             return await retry_until_stopped(
-                lambda: js.add_consumer(self.layout.node_stream, config),
-                "setting up the node's work consumer", stop, node=self.cfg.node) is not None
+                lambda: js.consumer_info(self.layout.node_stream, durable),
+                "waiting for the node's work consumer (the control plane makes it)", stop,
+                node=self.cfg.node) is not None
 
-        if not await ensure_consumer():
+        if not await consumer_there():
             return
         sub = await js.pull_subscribe_bind(durable=durable, stream=self.layout.node_stream)
         failures = 0
@@ -596,7 +586,7 @@ class NodeAgent:
                 failures += 1
                 await pause_unless_stopped(stop, note("taking node work", e, failures,
                                                       node=self.cfg.node))
-                if not await ensure_consumer():
+                if not await consumer_there():
                     return
                 continue
             failures = 0

@@ -26,10 +26,6 @@ READ_SERVICE_WAIT_SECONDS: Final = 30.0
 """How long a starting agent waits for the read service to say which VMIs are its own."""
 READ_SERVICE_RETRY_SECONDS: Final = 0.5
 DOMAIN_MISSING_REASON: Final = "domain missing after agent restart"
-WORK_MAX_DELIVER: Final = 5
-"""Deliveries of one node work item before JetStream gives up on it (and says so in a
-MAX_DELIVERIES advisory): enough for an agent killed and restarted a few times mid-work, few
-enough that an item which kills its agent every time stops after that many restarts."""
 WORKLOG_POLL_SECONDS: Final = 0.1
 """How often a starting agent looks again for the applied-work bucket the control plane
 creates with the installation."""

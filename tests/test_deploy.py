@@ -16,9 +16,10 @@ import pytest
 import yaml
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.api import ConsumerConfig
 from nats.js.kv import KeyValue
 
+from controlplane.controllers.dispatcher import WorkConsumers
 from events import authorization
 from events.authorization import ADMIN_USER, CONTROLPLANE_USER
 from events.connect import inbox_prefix
@@ -26,8 +27,7 @@ from events.directget import read_all
 from events.messages import node_actor
 from events.query import Query, ask, query_subject
 from events.server import nats_server_binary
-from events.streams import ensure_all
-from nodeagent.agent import work_consumer
+from events.streams import ensure_all, work_consumer
 from tests.security import conftest as security
 from tests.system.harness import eventually
 
@@ -220,13 +220,11 @@ async def test_a_person_commands_and_reads_under_its_own_name(store: Store) -> N
 async def test_a_node_agent_takes_its_own_work_only(store: Store) -> None:
     layout = store.layout
     cp, _ = await store.connect(CONTROLPLANE_USER)
+    await WorkConsumers(cp, layout).ensure("n1")  # the control plane makes it
     await cp.jetstream().publish(layout.node_subject("n1", "launch"), b"n1")
     n1, refusals = await store.connect("node-n1")
     js = n1.jetstream(timeout=2)
     consumer = work_consumer("n1")
-    await js.add_consumer(layout.node_stream, ConsumerConfig(
-        name=consumer, durable_name=consumer, filter_subject=layout.node_filter("n1"),
-        ack_policy=AckPolicy.EXPLICIT))
     queue = await js.pull_subscribe_bind(durable=consumer, stream=layout.node_stream)
     [msg] = await queue.fetch(1, timeout=5)
     assert msg.data == b"n1"
@@ -249,7 +247,7 @@ async def test_a_node_agent_takes_its_own_work_only(store: Store) -> None:
                    partial(applied.put, "n2.work.e1", b"x"))
     subject = layout.report_subject("n2", "vmi")
     await _refused(refusals, subject, partial(js.publish, subject, b"", timeout=SHORT))
-    for name, node in (("agent-n2", "n2"), ("agent-n1", "n2")):
+    for name, node in (("agent-n1", "n1"), ("agent-n2", "n2"), ("agent-n1", "n2")):
         config = ConsumerConfig(name=name, durable_name=name,
                                 filter_subject=layout.node_filter(node))
         subject = f"$JS.API.CONSUMER.CREATE.{layout.node_stream}.{name}.{layout.node_filter(node)}"

@@ -23,18 +23,24 @@ copy; past the window, the agent's own idempotence (domains by name) still holds
 
 An event that makes work for two nodes publishes one message per node, each with the
 event's id and the verb as its `Nats-Msg-Id`.
+
+Each node's work consumer is the control plane's to make (`WorkConsumers`): on the node's
+registration, before the node's first dispatch, and again whenever the control loop's check
+finds it gone. The agent only binds to it and pulls.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 import structlog
 from nats.aio.client import Client
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import APIError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from controlplane.defaults import WORK_CONSUMERS_CHECK_SECONDS
 from events.api.vm import API_VERSION
 from events.codec import Event
 from events.messages import NodeCommand, NodeVerb
@@ -43,7 +49,10 @@ from events.migration import (
     MigrationPhaseChanged,
     MigrationTargetScheduled,
 )
-from events.subjects import Layout
+from events.nodes import NodeRegistered
+from events.streams import work_consumer, work_consumer_config
+from events.subjects import Layout, split_aggregate_id
+from events.transient import is_transient
 from events.vm import (
     NODE_UNRESPONSIVE,
     VirtualMachineInstanceDeletionRequested,
@@ -59,6 +68,76 @@ log = structlog.get_logger(__name__)
 
 CHECKPOINT_KEY = "dispatcher"
 _encode = msgspec.msgpack.Encoder().encode
+_encode_json = msgspec.json.Encoder().encode
+
+
+class _Names(msgspec.Struct):
+    """A page of JetStream's consumer names list (nats-py has no call for it)."""
+
+    consumers: list[str] | None = None
+    total: int = 0
+    error: dict[str, Any] | None = None
+
+
+_decode_names = msgspec.json.Decoder(_Names).decode
+
+
+class WorkConsumers:
+    """Each node's work consumer (`events.streams.work_consumer_config`), made by the control
+    plane. No node agent may create or update a consumer: the create request's body, which
+    no permission sees, could make its consumer a push consumer, publishing the node's work
+    in the store's account on a subject of the agent's choosing."""
+
+    def __init__(self, nc: Client, layout: Layout) -> None:
+        self.nc = nc
+        self.layout = layout
+        self.made: set[str] = set()
+        """Nodes whose consumer this process set up, and has not found gone since."""
+
+    async def ensure(self, node: str) -> None:
+        """Set up `node`'s consumer, once, unless `check` finds it gone. One that cannot be
+        brought to the config (a push consumer made before agents lost the right) is
+        deleted and made afresh: its work stays in the stream, for the new one."""
+        if node in self.made:
+            return
+        js, stream = self.nc.jetstream(), self.layout.node_stream
+        config = work_consumer_config(self.layout, node)
+        try:
+            await js.add_consumer(stream, config)
+        except APIError as e:
+            if is_transient(e):
+                raise
+            log.warning("a node's work consumer is not as the control plane makes it; making "
+                        "it afresh", node=node, error=str(e))
+            await js.delete_consumer(stream, work_consumer(node))
+            await js.add_consumer(stream, config)
+        self.made.add(node)
+        log.info("node work consumer set up", node=node, consumer=work_consumer(node))
+
+    async def check(self, nodes: Iterable[str]) -> None:
+        """Set up again every consumer of `nodes` the node stream no longer has (deleted,
+        lost with its stream or its server); one request lists them all."""
+        present = await self._names()
+        for node in sorted(self.made):
+            if work_consumer(node) not in present:
+                log.warning("a node's work consumer is gone; setting it up again", node=node)
+                self.made.discard(node)
+        for node in nodes:
+            await self.ensure(node)
+
+    async def _names(self) -> set[str]:
+        """The node stream's consumers, a page at a time."""
+        subject = f"$JS.API.CONSUMER.NAMES.{self.layout.node_stream}"
+        names: set[str] = set()
+        while True:
+            reply = await self.nc.request(subject, _encode_json({"offset": len(names)}),
+                                          timeout=WORK_CONSUMERS_CHECK_SECONDS)
+            page = _decode_names(reply.data)
+            if page.error is not None:
+                APIError.from_error(page.error)  # raises it, as nats-py's own calls do
+            names.update(page.consumers or [])
+            if not page.consumers or len(names) >= page.total:
+                return names
 
 
 class Dispatcher:
@@ -66,6 +145,7 @@ class Dispatcher:
         self.nc = nc
         self.layout = layout
         self.js = nc.jetstream()
+        self.consumers = WorkConsumers(nc, layout)
         self.position = 0
         self._checkpoints: KeyValue | None = None
 
@@ -83,8 +163,11 @@ class Dispatcher:
     async def on_event(self, sequence: int, event: Event, state: ClusterState) -> None:
         if sequence <= self.position:
             return
+        if isinstance(event, NodeRegistered):
+            await self.consumers.ensure(split_aggregate_id(event.originator_id)[2])
         work = self.node_commands(event, state)
         for node, verb, body in work:
+            await self.consumers.ensure(node)
             subject = self.layout.node_subject(node, verb)
             msg_id = str(event.id) if len(work) == 1 else f"{event.id}:{verb}"
             await self.js.publish(subject, _encode(body), headers={"Nats-Msg-Id": msg_id})

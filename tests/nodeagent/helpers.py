@@ -1,5 +1,6 @@
-"""What the agent tests share: just enough of a control plane to place VMIs on a node,
-an agent started in-process on real NATS, and reading what it reports."""
+"""What the agent tests share: just enough of a control plane to place VMIs on a node and
+make its work consumer, an agent started in-process on real NATS, and reading what it
+reports."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import msgspec
 from nats.aio.client import Client as Nats
 from nats.js.client import JetStreamContext
 
+from controlplane.controllers.dispatcher import WorkConsumers
 from controlplane.writer import Writer
 from events.messages import Command, DomainObservation, NodeCommand, NodeReport
 from events.subjects import Layout
@@ -25,10 +27,12 @@ SPEC: dict[str, Any] = {"domain": {"cpu": {"cores": 1}, "devices": {},
 
 
 class Cluster:
-    """Just enough of the control plane to place VMIs on a node: the writer and reads."""
+    """Just enough of the control plane to place VMIs on a node: the writer, reads, and the
+    node's work consumer (the agent only binds to it)."""
 
     def __init__(self, nc: Nats, writer: Writer, layout: Layout, node: str) -> None:
         self.nc, self.writer, self.layout, self.node = nc, writer, layout, node
+        self.consumers = WorkConsumers(nc, layout)
         self.namespace = layout.prefix  # domain names stay unique on the shared test host
 
     async def run(self, kind: str, verb: str, name: str, manifest: dict[str, Any],
@@ -66,6 +70,7 @@ class Running:
 
 
 async def start(cluster: Cluster, nats_url: str, **options: Any) -> Running:
+    await cluster.consumers.ensure(cluster.node)  # as the control plane does on registration
     agent = NodeAgent(AgentConfig(node=cluster.node, nats_url=nats_url,
                                   prefix=cluster.layout.prefix, **options))
     stop = asyncio.Event()

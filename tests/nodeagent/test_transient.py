@@ -2,7 +2,9 @@
 `test:///default` host: a report, its work consumer and its heartbeat each meet a JetStream
 that does not answer (here: its stream or bucket is not there, which is how a stream being
 elected answers), log one line per attempt, and carry on once it answers; the agent never
-ends for it."""
+ends for it. Its work consumer is the control plane's to make again
+(`controlplane.controllers.dispatcher.WorkConsumers`, which the control loop runs): the
+agent waits for it, one line per look."""
 
 from __future__ import annotations
 
@@ -11,14 +13,13 @@ from typing import Any
 
 import msgspec
 import pytest
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 from structlog.testing import capture_logs
 
 from events.messages import NodeReport, SimRequest
-from events.streams import ensure_all
+from events.streams import ensure_all, work_consumer
 from events.subjects import encode_token
 from nodeagent import lifecycle
-from nodeagent.agent import work_consumer
 from nodeagent.phases import GuestPhase
 from tests.nodeagent.helpers import Cluster, Running, next_report, start
 from tests.system.harness import eventually
@@ -37,15 +38,19 @@ def retried(logs: Sequence[Mapping[str, Any]], what: str,
     return seen
 
 
-def consumer_set_up_again(logs: Sequence[Mapping[str, Any]],
-                          running: Running) -> Callable[[], Awaitable[bool]]:
+WAITING = "waiting for the node's work consumer (the control plane makes it)"
+"""What the agent logs, once per look, while its work consumer is not there."""
+
+
+def consumer_missed(logs: Sequence[Mapping[str, Any]],
+                    running: Running) -> Callable[[], Awaitable[bool]]:
     """Whether the agent noticed its work consumer gone: a pull it retried, or the consumer
-    it is setting up again (a pull that was in flight may fail either way)."""
+    it waits for (a pull that was in flight may fail either way)."""
     pulled = retried(logs, "taking node work", running)
-    setting_up = retried(logs, "setting up the node's work consumer", running)
+    waiting = retried(logs, WAITING, running)
 
     async def seen() -> bool:
-        return await pulled() or await setting_up()
+        return await pulled() or await waiting()
 
     return seen
 
@@ -85,17 +90,17 @@ async def test_a_report_nats_cannot_take_is_retried_and_the_agent_goes_on(
 async def test_work_consumer_lost_is_set_up_again_and_work_goes_on(
         cluster: Cluster, nats_url: str) -> None:
     """The node stream (and with it the agent's consumer) does not answer: each pull is one
-    log line and a pause, the consumer is set up again once the stream is back, and work
-    published then is done."""
+    log line and a pause; once the stream is back, the control plane's check sets the
+    consumer up again, and work published then is done."""
     ref = await cluster.placed("after")
     running = await start(cluster, nats_url)
     js = cluster.nc.jetstream()
     try:
         with capture_logs() as logs:
             await js.delete_stream(cluster.layout.node_stream)
-            await eventually(consumer_set_up_again(logs, running),
-                             what="the consumer missed")
+            await eventually(consumer_missed(logs, running), what="the consumer missed")
         await ensure_all(js, cluster.layout, 1)
+        await cluster.consumers.check([cluster.node])  # as the control loop does
         reports = await js.pull_subscribe(cluster.layout.reports_filter,
                                           stream=cluster.layout.reports_stream)
         command = cluster.launch(ref)
@@ -138,8 +143,9 @@ async def test_heartbeats_start_once_their_bucket_answers(cluster: Cluster,
 async def test_a_deleted_work_consumer_is_set_up_again(cluster: Cluster,
                                                        nats_url: str) -> None:
     """Only the consumer goes (an operator's mistake, a lost R1 consumer): the next pull
-    finds no one to answer it, and the agent sets the consumer up again; work published then
-    is done."""
+    finds no one to answer it, and the agent waits for its consumer, one line per look, and
+    makes none itself; the control plane's check finds it gone and sets it up again, and
+    work published then is done."""
     ref = await cluster.placed("again")
     running = await start(cluster, nats_url)
     js = cluster.nc.jetstream()
@@ -150,8 +156,12 @@ async def test_a_deleted_work_consumer_is_set_up_again(cluster: Cluster,
         with capture_logs() as logs:
             await js.delete_consumer(cluster.layout.node_stream,
                                      work_consumer(cluster.node))
-            await eventually(consumer_set_up_again(logs, running),
-                             what="the consumer missed")
+            await eventually(retried(logs, WAITING, running), what="the agent waiting")
+        with pytest.raises(NotFoundError):  # the agent made none of its own
+            await js.consumer_info(cluster.layout.node_stream, work_consumer(cluster.node))
+        waits = [r for r in logs if r["event"] == f"{WAITING}: NATS unavailable; retrying"]
+        assert "consumer not found" in waits[0]["error"], waits[0]
+        await cluster.consumers.check([cluster.node])  # as the control loop does
         reports = await js.pull_subscribe(cluster.layout.reports_filter,
                                           stream=cluster.layout.reports_stream)
         command = cluster.launch(ref)

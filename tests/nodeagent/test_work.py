@@ -21,9 +21,9 @@ from nats.js.errors import NotFoundError
 from structlog.testing import capture_logs
 
 from events.messages import NodeCommand, SimRequest
+from events.streams import WORK_MAX_DELIVER, work_consumer
 from nodeagent import lifecycle
-from nodeagent.agent import VMIRef, work_consumer
-from nodeagent.defaults import WORK_MAX_DELIVER
+from nodeagent.agent import VMIRef
 from nodeagent.watcher import LifecycleWatcher
 from tests.nodeagent.conftest import Recorder
 from tests.nodeagent.helpers import WAIT_SECONDS, Cluster, Running, next_report, owned, start
@@ -51,7 +51,7 @@ async def worked_through(cluster: Cluster, running: Running, seq: int) -> None:
         try:
             info = await js.consumer_info(cluster.layout.node_stream, work_consumer(cluster.node))
         except NotFoundError:
-            pass  # the agent has not made its consumer yet
+            pass  # the consumer is not there yet
         else:
             if info.ack_floor.stream_seq >= seq:
                 return

@@ -5,6 +5,10 @@
   the log, aimed at a person's outcome key while that person awaited it, stored copies of
   events in the outcomes bucket (and handed them to her as her outcome). No person creates
   a consumer;
+- a node agent made its own work consumer, and the create subject pins its name and filter
+  but not its body: `node-n1` could have made it a push consumer publishing n1's work onto
+  alice's outcome key. The control plane makes each node's pull consumer; agents create and
+  update none, and only bind and pull;
 - a node agent could publish into any inbox (another node's, a person's); it now publishes
   only into the inboxes of those who may send it simulation requests, and the read service
   only into the control plane's.
@@ -14,12 +18,15 @@ from __future__ import annotations
 
 from functools import partial
 
+import msgspec
 import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from controlplane.controllers.dispatcher import WorkConsumers
 from events.authorization import CONTROLPLANE_USER, PROJECTIONS_USER
 from events.directget import read_all
+from events.streams import work_consumer
 from tests.security.conftest import WEB, Refusals, Store, refused
 from tests.system.harness import eventually
 
@@ -51,6 +58,43 @@ async def test_a_cluster_admin_makes_no_consumer_deliver_into_the_store(
     await refused(refusals, f"$JS.API.CONSUMER.CREATE.{layout.events_stream}", follow)
     assert await store.stored(cp) == before
     assert waiting.pending_msgs == 0
+
+
+async def test_a_node_agent_makes_its_work_consumer_deliver_nowhere(store: Store) -> None:
+    """`node-n1` tries to make its work consumer a push consumer aimed at alice's outcome key
+    while she waits on it: before the control plane has made it, and after (an update); the
+    server refuses both, the consumer stays the control plane's pull consumer, n1 still
+    pulls its work from it, and nothing reaches alice or the outcomes bucket."""
+    layout = store.layout
+    stream, name = layout.node_stream, work_consumer("n1")
+    cp, _ = await store.connect(CONTROLPLANE_USER)
+    alice, _ = await store.connect("alice")
+    awaited = f"$KV.{layout.outcomes_bucket}.alice.c1"
+    waiting = await alice.subscribe(awaited)  # as her client awaits a command's outcome
+    await alice.flush()
+    before = await store.stored(cp)
+
+    n1, refusals = await store.connect("node-n1")
+    js = n1.jetstream(timeout=2)
+    push = ConsumerConfig(name=name, durable_name=name, filter_subject=layout.node_filter("n1"),
+                          deliver_subject=awaited, ack_policy=AckPolicy.EXPLICIT)
+    create = f"$JS.API.CONSUMER.CREATE.{stream}.{name}.{layout.node_filter('n1')}"
+    await refused(refusals, create, partial(js.add_consumer, stream, push))
+    await WorkConsumers(cp, layout).ensure("n1")  # the control plane makes it
+    await refused(refusals, create, partial(js.add_consumer, stream, push))  # an update
+    legacy = f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{name}"
+    body = msgspec.json.encode({"stream_name": stream, "config": push.as_dict()})
+    await refused(refusals, legacy, partial(n1.request, legacy, body, timeout=1))
+
+    await cp.jetstream().publish(layout.node_subject("n1", "launch"), b"n1's work")
+    info = await cp.jetstream().consumer_info(stream, name)
+    assert info.config.deliver_subject is None and info.config.max_deliver is not None
+    [work] = await (await js.pull_subscribe_bind(durable=name, stream=stream)).fetch(1, timeout=5)
+    assert work.data == b"n1's work"
+    await work.ack_sync()
+    await alice.flush()
+    assert waiting.pending_msgs == 0
+    assert await store.stored(cp) == before
 
 
 async def _refused_publish(nc: Client, refusals: Refusals, subject: str) -> None:
