@@ -9,8 +9,9 @@ carries, for each object the decision wrote *or read*, the sequence it saw.
 
 | message of the batch                  | subject                    | expects                 |
 |---------------------------------------|----------------------------|-------------------------|
-| the marker (`CommandAccepted` with its | `ev.command._.<id>`        | 0: no outcome yet       |
-| event count, or `CommandRejected`)    |                            |                         |
+| the marker (`CommandAccepted` with its | `ev.command._.<id>`        | 0: no outcome yet (or   |
+| event count, or `CommandRejected`)    |                            | past a stray stored     |
+|                                       |                            | there)                  |
 | each event, in the decision's order   | its object's subject       | the first of each       |
 |                                       |                            | object: the sequence    |
 |                                       |                            | the decision saw        |
@@ -23,11 +24,16 @@ carries, for each object the decision wrote *or read*, the sequence it saw.
 |----------------------------------------|---------------------------------------------------|
 | stored                                 | the memory takes the decision's views; outcome    |
 | conflict, and the marker exists        | the first outcome is the answer                   |
-| conflict, no marker                    | forget what went stale, decide again (bounded)    |
+| conflict, no marker                    | forget what went stale, decide again (bounded),   |
+|                                        | the marker past whatever else its subject holds   |
 | no answer (timeout, connection lost)   | settle by the marker; none: decide again          |
 
 Refusals are recorded like acceptances, so a command refused once is refused for good,
-however its object changes later and however late it is delivered again.
+however its object changes later and however late it is delivered again. An entry on a
+marker's subject that is no well-formed marker of that command (a stray: a reply aimed there,
+a copy, another event) is skipped loudly and counted by every reader of the log
+(`projections.follower.read_event`), and the marker is appended past it, as an object's
+events are appended past a stray on the object's subject.
 """
 
 from __future__ import annotations
@@ -43,9 +49,8 @@ from eventsourcing.persistence import PersistenceError
 
 from controlplane.aggregate import Aggregate, Cause
 from events.api.manifest import decode_object
-from events.codec import Event, decode, encode
+from events.codec import Event, encode
 from events.datastore import (
-    TOPIC_HEADER,
     AppendConflict,
     EventLog,
     OutcomeUnknown,
@@ -320,15 +325,17 @@ class CommandHandler:
         except InvalidSpec as e:
             return await self.record_refusal(command, Verdict(e.rule, e.field))
         scans: dict[str, Scan] = {}
+        marker_at = 0
+        """The last sequence on the marker's subject: 0, or a stray's."""
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
                 await asyncio.sleep(random.uniform(0, CONFLICT_BACKOFF_SECONDS * 2 ** attempt))
             decision, verdict = await self._decide(command, scans, bound)
-            batch = self._batch(decision, verdict)
+            batch = self._batch(decision, verdict, marker_at)
             try:
                 seqs = await self.commits.publish(batch)
             except (AppendConflict, OutcomeUnknown) as e:
-                prior = await self.prior(command)
+                prior, marker_at = await self.prior(command)
                 if prior is not None:
                     bound.info("command already has an outcome")
                     return prior
@@ -347,14 +354,20 @@ class CommandHandler:
     async def record_refusal(self, command: Command, verdict: Verdict) -> Result:
         """Refuse `command` for good without deciding it (e.g. it claims another actor)."""
         decision = Decision(self.memory, command, {})
-        try:
-            seqs = await self.commits.publish(self._batch(decision, verdict))
-        except (AppendConflict, OutcomeUnknown):
-            prior = await self.prior(command)
-            if prior is None:
-                raise
-            return prior
-        return self._recorded(decision, verdict, seqs, log.bind(command_id=command.id))
+        marker_at = 0
+        for _attempt in range(MAX_ATTEMPTS):
+            try:
+                seqs = await self.commits.publish(self._batch(decision, verdict, marker_at))
+            except (AppendConflict, OutcomeUnknown):
+                prior, last = await self.prior(command)
+                if prior is not None:
+                    return prior
+                if last == marker_at:  # no answer, and nothing stored: unknown
+                    raise
+                marker_at = last  # past a stray
+                continue
+            return self._recorded(decision, verdict, seqs, log.bind(command_id=command.id))
+        raise OutcomeUnknown(f"command {command.id}: its marker's subject kept moving")
 
     async def _decide(self, command: Command, scans: dict[str, Scan],
                       bound: Any) -> tuple[Decision, Verdict | None]:
@@ -397,7 +410,8 @@ class CommandHandler:
             await self.memory.load(agg_id, view_cls)
         return Scan(ids, sequence(newest) if newest is not None else 0)
 
-    def _batch(self, decision: Decision, verdict: Verdict | None) -> list[Outgoing]:
+    def _batch(self, decision: Decision, verdict: Verdict | None,
+               marker_at: int = 0) -> list[Outgoing]:
         cmd, layout = decision.command, self.log.layout
         marker = Aggregate(CommandView(marker_id(cmd)))
         common = {"command_id": cmd.id, "kind": cmd.kind[:MAX_TOKEN_LENGTH],
@@ -408,7 +422,7 @@ class CommandHandler:
         else:
             marker.trigger(decision.cause, CommandRejected, reason=verdict.reason,
                            field=verdict.field, **common)
-        out = [_message(layout.aggregate_subject(e.originator_id), e, 0)
+        out = [_message(layout.aggregate_subject(e.originator_id), e, marker_at)
                for e in marker.pending]
         written: set[str] = set()
         for event in events:
@@ -446,18 +460,19 @@ class CommandHandler:
         return Result(Outcome(command_id=cmd.id, accepted=True, sequences=event_seqs),
                       list(zip(event_seqs, events, strict=True)))
 
-    async def prior(self, command: Command) -> Result | None:
-        """The first outcome of this command, from its marker in the log, if it has one."""
+    async def prior(self, command: Command) -> tuple[Result | None, int]:
+        """The first outcome of this command, from its marker in the log, if it has one; and
+        the last sequence on the marker's subject, which a marker appended now must expect:
+        0, or that of a stray stored there (skipped, logged and counted by `read_event`)."""
         layout = self.log.layout
-        msg = await self.log.last_on(layout.events_stream,
-                                     layout.aggregate_subject(marker_id(command)))
-        if msg is None:
-            return None
-        topic = (msg.headers or {}).get(TOPIC_HEADER)
-        outcome = recorded_outcome(decode(topic, msg.data), sequence(msg)) if topic else None
-        if outcome is None:  # or a stray entry planted on the marker's subject
-            raise OutcomeUnknown(f"command {command.id} has a marker this version cannot read")
-        return Result(outcome)
+        stored = await self.log.read_all(layout.events_stream,
+                                         layout.aggregate_subject(marker_id(command)))
+        for msg in stored:
+            event = read_event(msg)  # None for a stray: no well-formed marker of this command
+            outcome = recorded_outcome(event, sequence(msg)) if event is not None else None
+            if outcome is not None:
+                return Result(outcome), sequence(msg)
+        return None, sequence(stored[-1]) if stored else 0
 
 
 def _message(subject: str, event: Event, expect: int | None) -> Outgoing:

@@ -147,9 +147,13 @@ def marker_aggregate(command_id: str) -> str:
 
 def recorded_outcome(marker: Event, sequence: int) -> Outcome | None:
     """The outcome a command's marker (stored at `sequence`) records; None for an event that
-    is not a marker. An accepted marker leads its atomic batch, whose events are stored
-    contiguously, so the command's events are the `event_count` sequences right after it."""
+    is not a well-formed marker (another type, or not on its own command's aggregate). An
+    accepted marker leads its atomic batch, whose events are stored contiguously, so the
+    command's events are the `event_count` sequences right after it."""
     match marker:
+        case CommandAccepted(command_id=command_id) | CommandRejected(command_id=command_id) \
+                if marker.originator_id != marker_aggregate(command_id):
+            return None
         case CommandAccepted(command_id=command_id, event_count=count):
             return Outcome(command_id=command_id, accepted=True,
                            sequences=list(range(sequence + 1, sequence + 1 + count)))

@@ -23,6 +23,7 @@ from events.aio import pause_unless_stopped
 from events.codec import Event, decode, event_class, split_topic
 from events.datastore import TOPIC_HEADER
 from events.directget import PAGE, direct_batch, first_since, last_on, sequence
+from events.messages import COMMAND_KIND, recorded_outcome
 from events.subjects import Layout
 from events.transient import describe, is_transient, retry_until_stopped
 
@@ -50,8 +51,11 @@ UNDECODABLE: Final = "undecodable"
 MISPLACED: Final = "misplaced"
 """An event stored on another object's subject than its own: a copy, as a Direct Get answer
 aimed at an event subject puts one there; folded, it would change the wrong object."""
+NOT_A_MARKER: Final = "not_a_marker"
+"""An event on a command's marker subject (`ev.command._.<id>`) that is not that command's
+outcome marker: folded, it could pass for the command's outcome, or hide it."""
 SKIP_REASONS: Final = (NO_TOPIC, BAD_TOPIC, UNKNOWN_TYPE, FUTURE_SCHEMA, UNDECODABLE,
-                       MISPLACED)
+                       MISPLACED, NOT_A_MARKER)
 
 
 def read_event(msg: Msg, seq: int | None = None,
@@ -87,9 +91,13 @@ def _read(msg: Msg, seq: int) -> Event | str:
             except Exception as e:  # whatever the bytes or an upcaster raise: not fatal
                 reason, detail = UNDECODABLE, f"{type(e).__name__}: {e}"
             else:
-                if subject.split(".", 2)[1:] == ["ev", event.originator_id]:
+                if subject.split(".", 2)[1:] != ["ev", event.originator_id]:
+                    reason, detail = MISPLACED, f"an event of {event.originator_id}"
+                elif event.originator_id.startswith(f"{COMMAND_KIND}.") \
+                        and recorded_outcome(event, seq) is None:
+                    reason, detail = NOT_A_MARKER, f"a {type(event).__name__}"
+                else:
                     return event
-                reason, detail = MISPLACED, f"an event of {event.originator_id}"
     log.warning("skipped an event this version cannot read",
                 sequence=seq, subject=subject, topic=topic, reason=reason, detail=detail)
     return reason

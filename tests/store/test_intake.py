@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 
 import msgspec
 import pytest
@@ -15,9 +16,17 @@ from controlplane.cli import dead_letters
 from controlplane.client import Client
 from controlplane.intake import CommandIntake
 from controlplane.writer import Writer
-from events.directget import read_all
-from events.messages import Command, outcome_key
+from events.codec import encode
+from events.datastore import TOPIC_HEADER, VERSION_HEADER
+from events.directget import read_all, sequence
+from events.messages import (
+    Command,
+    marker_aggregate,
+    outcome_key,
+    recorded_outcome,
+)
 from events.streams import ensure_all
+from projections.follower import MISPLACED, NO_TOPIC, NOT_A_MARKER, read_event
 from tests.system.harness import topics_since, vm_manifest
 
 
@@ -121,3 +130,49 @@ async def _command_ids(vb: Client) -> list[str]:
     """The ids of the commands in the commands stream, in order."""
     msgs = await read_all(vb.nc, vb.layout.commands_stream, vb.layout.commands_filter)
     return [msgspec.msgpack.decode(m.data, type=Command).id for m in msgs]
+
+
+async def test_strays_on_a_commands_marker_subject_leave_it_one_outcome(vb: Client) -> None:
+    """Entries stored on a command's marker subject before the command comes (what a reply
+    aimed there leaves, a copy of another command's marker, an event there that is no
+    marker of this command) are strays: each reader skips them with their reason, and the
+    command, decided or refused outright, gets one outcome, however often it comes, and one
+    marker, appended past them."""
+    [created] = await vb.apply(vm_manifest("web", "Halted"))
+    [copied] = await read_all(vb.nc, vb.layout.events_stream,
+                              marker_subject(vb, created.command_id))
+    original = read_event(copied)
+    assert original is not None
+    start = vb.command("VirtualMachine", "start", "default", "web")
+    refused = vb.command("Node", "register", name="n9")  # the intake's own refusal
+    for command in (start, refused):
+        subject = marker_subject(vb, command.id)
+        headers = {TOPIC_HEADER: original.topic(), VERSION_HEADER: "1"}  # as a copy carries
+        await vb.js.publish(subject, b'{"type":"io.nats.jetstream.api.v1.stream_info_response"}')
+        await vb.js.publish(subject, encode(original), headers=headers)
+        another = msgspec.structs.replace(original, originator_id=marker_aggregate(command.id))
+        await vb.js.publish(subject, encode(another), headers=headers)
+
+    outcomes = [await vb.run(start), await vb.run(refused, check=False)]
+    assert outcomes[0].accepted and not outcomes[1].accepted, outcomes
+    assert outcomes[1].field == "verb"
+    for command in (start, refused):
+        await publish_again(vb, command)
+    await _eventually_consumed(vb, (await vb.js.stream_info(vb.layout.commands_stream))
+                               .state.last_seq)
+    for command, outcome in zip((start, refused), outcomes, strict=True):
+        assert await vb.outcome(command.id) == outcome
+        skipped: list[str] = []
+        stored = await read_all(vb.nc, vb.layout.events_stream, marker_subject(vb, command.id))
+        read = [read_event(m, on_skip=partial(_skipped, skipped)) for m in stored]
+        assert skipped == [NO_TOPIC, MISPLACED, NOT_A_MARKER]
+        assert read[:3] == [None] * 3 and len(read) == 4  # one marker, past the strays
+        assert recorded_outcome(read[3], sequence(stored[3])) == outcome  # type: ignore[arg-type]
+
+
+def _skipped(into: list[str], _sequence: int, reason: str) -> None:
+    into.append(reason)
+
+
+def marker_subject(vb: Client, command_id: str) -> str:
+    return vb.layout.aggregate_subject(marker_aggregate(command_id))
