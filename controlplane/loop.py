@@ -118,7 +118,7 @@ class ControlLoop:
         attempt = 0
         while not stop.is_set():
             try:
-                await self.dispatcher.consumers.check(n.name for n in self.state.nodes())
+                await self.dispatcher.consumers.check([n.name for n in self.state.nodes()])
                 attempt, pause = 0, WORK_CONSUMERS_CHECK_SECONDS
             except Exception as e:
                 if not is_transient(e):
