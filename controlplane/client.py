@@ -36,7 +36,7 @@ from events.api.replicaset import REPLICA_SET
 from events.api.scheduling import Taint
 from events.codec import Event
 from events.connect import Access, connect, url_user
-from events.directget import last_on, sequence
+from events.directget import read_all
 from events.errors import Forbidden, InvalidSpec, NotFound, TooManyRequests
 from events.messages import (
     Command,
@@ -44,7 +44,6 @@ from events.messages import (
     check_envelope,
     marker_aggregate,
     outcome_key,
-    recorded_outcome,
 )
 from events.query import (
     FORBIDDEN,
@@ -64,7 +63,7 @@ from events.subjects import DEFAULT_PREFIX, Layout
 from events.transient import retry_within
 from projections.cluster import ClusterState
 from projections.eviction import DrainProgress, drain_progress
-from projections.follower import follow, read_event
+from projections.follower import first_outcome, follow
 from projections.query import KIND_TOKENS
 
 __all__ = ["Change", "Client", "CommandRejected", "HistoryEntry"]
@@ -237,10 +236,10 @@ class Client:
             entry = None
         if entry is not None and entry.value:
             return _decode_outcome(entry.value)
-        marker = await last_on(self.nc, self.layout.events_stream,
-                               self.layout.aggregate_subject(marker_aggregate(command_id)))
-        event = read_event(marker) if marker is not None else None
-        return recorded_outcome(event, sequence(marker)) if marker and event else None
+        found = first_outcome(await read_all(
+            self.nc, self.layout.events_stream,
+            self.layout.aggregate_subject(marker_aggregate(command_id))))
+        return found[0] if found is not None else None
 
     async def apply(self, *manifests: dict[str, Any], check: bool = True) -> list[Outcome]:
         """Validate every manifest locally first, so a bad document submits nothing."""

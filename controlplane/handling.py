@@ -70,11 +70,10 @@ from events.messages import (
     Outcome,
     check_envelope,
     marker_aggregate,
-    recorded_outcome,
 )
 from events.subjects import aggregate_id, encode_token
 from projections.cluster import VIEW_KINDS
-from projections.follower import read_event
+from projections.follower import first_outcome, read_event
 from projections.views import View
 
 log = structlog.get_logger(__name__)
@@ -467,11 +466,9 @@ class CommandHandler:
         layout = self.log.layout
         stored = await self.log.read_all(layout.events_stream,
                                          layout.aggregate_subject(marker_id(command)))
-        for msg in stored:
-            event = read_event(msg)  # None for a stray: no well-formed marker of this command
-            outcome = recorded_outcome(event, sequence(msg)) if event is not None else None
-            if outcome is not None:
-                return Result(outcome), sequence(msg)
+        found = first_outcome(stored)
+        if found is not None:
+            return Result(found[0]), found[1]
         return None, sequence(stored[-1]) if stored else 0
 
 

@@ -23,7 +23,7 @@ from events.aio import pause_unless_stopped
 from events.codec import Event, decode, event_class, split_topic
 from events.datastore import TOPIC_HEADER
 from events.directget import PAGE, direct_batch, first_since, last_on, sequence
-from events.messages import COMMAND_KIND, recorded_outcome
+from events.messages import COMMAND_KIND, Outcome, recorded_outcome
 from events.subjects import Layout
 from events.transient import describe, is_transient, retry_until_stopped
 
@@ -74,6 +74,17 @@ def read_event(msg: Msg, seq: int | None = None,
             on_skip(seq, got)
         return None
     return got
+
+
+def first_outcome(stored: list[Msg]) -> tuple[Outcome, int] | None:
+    """A command's first outcome and its marker's sequence, from what its marker subject
+    holds: the first well-formed marker of that command, past any stray stored there."""
+    for msg in stored:
+        event = read_event(msg)
+        outcome = recorded_outcome(event, sequence(msg)) if event is not None else None
+        if outcome is not None:
+            return outcome, sequence(msg)
+    return None
 
 
 def _read(msg: Msg, seq: int) -> Event | str:

@@ -170,6 +170,17 @@ async def test_strays_on_a_commands_marker_subject_leave_it_one_outcome(vb: Clie
         assert recorded_outcome(read[3], sequence(stored[3])) == outcome  # type: ignore[arg-type]
 
 
+async def test_a_stray_after_a_marker_hides_no_outcome_gone_from_the_bucket(vb: Client) -> None:
+    """Once its bucket entry has expired, an outcome is read from the first marker on the
+    command's subject, not from whatever was stored there last."""
+    [created] = await vb.apply(vm_manifest("web", "Halted"))
+    [command_id] = await _command_ids(vb)
+    await vb.js.publish(marker_subject(vb, command_id), b"a stray stored after the marker")
+    kv = await vb.js.key_value(vb.layout.outcomes_bucket)
+    await kv.purge(outcome_key(vb.actor, command_id))
+    assert await vb.outcome(command_id, timeout=5) == created
+
+
 def _skipped(into: list[str], _sequence: int, reason: str) -> None:
     into.append(reason)
 
