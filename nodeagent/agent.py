@@ -92,6 +92,7 @@ from events.streams import HEARTBEAT_INTERVAL, wait_for_streams
 from events.subjects import DEFAULT_PREFIX, Layout, encode_token
 from events.transient import describe, is_transient, note, retry_until_stopped, retry_while_running
 from nodeagent import downwardmetrics, guestdisks, lifecycle
+from nodeagent.console import ConsolePublisher
 from nodeagent.converter import convert
 from nodeagent.converter import defaults as converter_defaults
 from nodeagent.converter.context import DomainType, domain_name
@@ -267,6 +268,8 @@ class NodeAgent:
                                       node=self.cfg.node)
         self.hypervisor = Hypervisor(self.cfg.libvirt_uri, kvm)
         self.nc = nc or await connect(self.cfg.access, f"agent-{self.cfg.node}")
+        self.consoles = ConsolePublisher(self.nc, self.layout, self.cfg.node,
+                                         converter_defaults.RUN_DIR)
         try:
             js = self.nc.jetstream()
             if not await unless_stopped(wait_for_streams(js, self.layout), stop):
@@ -288,7 +291,7 @@ class NodeAgent:
                 self.started.set()
                 await asyncio.gather(self._consume(stop), self._pump(observations, stop),
                                      self._rediscover(stop), self._refresh_metrics(stop),
-                                     self.migrations.serve(stop))
+                                     self.migrations.serve(stop), self.consoles.serve(stop))
             await heartbeat
             await sim.unsubscribe()
         finally:
@@ -309,6 +312,8 @@ class NodeAgent:
             if ref is None:
                 continue
             self.domains[ref.domain] = ref
+            if not self.cfg.simulated:
+                await self.consoles.follow(ref)
             found = judge(*dom.state())
             if found.phase is not None:
                 await self.report_domain(ref, found.phase, "found at agent start",
@@ -418,6 +423,7 @@ class NodeAgent:
             return lifecycle.StopOutcome.ALREADY_GONE
         outcome = await asyncio.to_thread(lifecycle.graceful_stop, self.conn, ref.domain,
                                           grace_seconds, self.watcher)
+        await self.consoles.forget(ref)  # its last words, before its log goes
         if not self.cfg.simulated:
             await asyncio.to_thread(guestdisks.remove, self.cfg.disk_dir,
                                     converter_defaults.RUN_DIR, ref.namespace, ref.name,
@@ -725,6 +731,8 @@ class NodeAgent:
         except libvirt.libvirtError:
             await self._remove(ref)  # the launch fails: nothing of it stays
             raise
+        if not self.cfg.simulated:
+            await self.consoles.follow(ref)
         paused = (await asyncio.to_thread(dom.state))[0] == libvirt.VIR_DOMAIN_PAUSED
         await self._persist()
         await self.report_domain(ref, GuestPhase.RUNNING, "launched", paused=paused)

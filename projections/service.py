@@ -22,7 +22,10 @@ from events.messages import NODE_ACTOR_PREFIX
 from events.policy import Policy, Request, resource_of
 from events.query import (
     FORBIDDEN,
+    NOT_FOUND,
     Answer,
+    ConsoleAnswer,
+    ConsoleQuery,
     HistoryAnswer,
     HistoryQuery,
     Query,
@@ -35,6 +38,7 @@ from events.streams import wait_for_streams
 from events.subjects import Layout
 from projections import audit, http
 from projections.cluster import ClusterState
+from projections.console import ConsoleRefused, console_page
 from projections.follower import follow, head, start_sequence_at
 from projections.hco import ALERTS_QUERY, METRICS_QUERY
 from projections.http import ANONYMOUS, StaticTokens
@@ -59,6 +63,8 @@ MALFORMED: Final = "malformed"
 """A query that does not decode, names no kind the read side serves, or no such verb."""
 FORBIDDEN_REASON: Final = "forbidden"
 """A query naming what the policy does not let the asker read."""
+NO_CONSOLE: Final = "no_console"
+"""A console query naming a VMI that is not there, or that runs on no node."""
 WATCH_WAIT_SECONDS: Final = 5.0
 """How long a `watch` page waits for a first change before it answers with none: under the
 asker's request timeout (`events.query.QUERY_TIMEOUT_SECONDS`)."""
@@ -70,6 +76,10 @@ NODE_READABLE_KINDS: Final = ("KubeVirt",)
 models, feature gates), as virt-handler reads the KubeVirt CR."""
 SECRET_FIELDS: Final = ("userData", "userDataBase64", "networkData", "networkDataBase64")
 """Cloud-init fields that may hold passwords and keys."""
+
+
+_STATUS_REASONS: Final = {FORBIDDEN_REASON: FORBIDDEN, NO_CONSOLE: NOT_FOUND}
+"""The Kubernetes Status reason an answer gives for a refusal, where a client acts on it."""
 
 
 class PolicySight:
@@ -213,12 +223,12 @@ class ReadService:
         with `error` (and `reason` `FORBIDDEN` for the policy's refusals), counted and
         logged, never a crash."""
         asker, verb = query_asker(self.layout, msg.subject)
-        answer_type: type[Answer | HistoryAnswer | WatchAnswer] = Answer
+        answer_type: type[Answer | HistoryAnswer | WatchAnswer | ConsoleAnswer] = Answer
         try:
             match verb:
                 case "get":
-                    answer: Answer | HistoryAnswer | WatchAnswer = await self._get(
-                        asker, msgspec.msgpack.decode(msg.data, type=Query))
+                    answer: Answer | HistoryAnswer | WatchAnswer | ConsoleAnswer = \
+                        await self._get(asker, msgspec.msgpack.decode(msg.data, type=Query))
                 case "history":
                     answer_type = HistoryAnswer
                     answer = await self._history(
@@ -227,6 +237,10 @@ class ReadService:
                     answer_type = WatchAnswer
                     answer = await self._watch(
                         asker, msgspec.msgpack.decode(msg.data, type=WatchQuery))
+                case "console":
+                    answer_type = ConsoleAnswer
+                    answer = await self._console(
+                        asker, msgspec.msgpack.decode(msg.data, type=ConsoleQuery))
                 case _:
                     raise Refused(MALFORMED, f"no such query verb {verb[:32]!r}")
         except (msgspec.DecodeError, Refused) as e:
@@ -234,7 +248,7 @@ class ReadService:
             self.refuse(reason, asker=asker, verb=verb, error=str(e))
             answer = answer_type(error=f"{e}" if isinstance(e, Refused)
                                  else f"{type(e).__name__}: {e}",
-                                 reason=FORBIDDEN if reason == FORBIDDEN_REASON else "")
+                                 reason=_STATUS_REASONS.get(reason, ""))
         except (TimeoutError, NatsError) as e:
             answer = answer_type(error=f"{type(e).__name__}: {e}")
         await msg.respond(msgspec.msgpack.encode(answer))
@@ -297,6 +311,15 @@ class ReadService:
         changes, next_first = await audit.changes_from(self.nc, self.layout, query, first,
                                                        sight)
         return WatchAnswer(changes=changes, next=next_first)
+
+    async def _console(self, asker: str, query: ConsoleQuery) -> ConsoleAnswer:
+        if not query.namespace or not query.name:
+            raise Refused(MALFORMED, "name: a console names one VMI and its namespace")
+        try:
+            return await console_page(self.nc, self.layout, self.state, self.policy,
+                                      asker=asker, query=query)
+        except ConsoleRefused as e:
+            raise Refused(FORBIDDEN_REASON if e.forbidden else NO_CONSOLE, str(e)) from None
 
     async def listen(self) -> Subscription:
         """Start answering queries (on what the state holds, as it advances)."""
