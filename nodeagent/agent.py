@@ -753,7 +753,7 @@ class NodeAgent:
             phase = verdict.phase
             if ref is None or phase is None or obs.cause is StopCause.REQUESTED:
                 continue  # not ours, no change, or a stop whose command reports it
-            reason = str(obs.cause or "")
+            reason = obs.reason
             with _serving(self.in_progress.get(ref.domain, "")):
                 try:
                     if phase is GuestPhase.RUNNING:

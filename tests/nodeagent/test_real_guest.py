@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -147,3 +148,24 @@ async def test_a_missing_image_fails_the_launch_and_defines_nothing(
     assert ref.domain not in {d.name for d in running.agent.summaries()}
     assert not (host / "disks" / ref.namespace / ref.name).exists()
     assert not os.path.exists(Path(converter_defaults.RUN_DIR, ref.namespace, ref.name))
+
+
+async def test_a_real_guest_whose_qemu_is_killed_fails_with_the_reason(
+        cluster: Cluster, real_agent: tuple[Running, Path]) -> None:
+    running, host = real_agent
+    reports = await _reports(cluster)
+    spec = guest_spec(DISK_IMAGE, "unused")
+    ref = await cluster.placed("killed", spec)
+    await publish(cluster, cluster.launch(ref, spec))
+    await next_report(reports, _domain_report(ref.name, "Running"))
+    log = Path(converter_defaults.RUN_DIR, ref.namespace, ref.name, SERIAL_LOG)
+    await _console_line(log, "virtbus-guest: ready", running)
+
+    pid = int(Path("/run/libvirt/qemu", f"{ref.domain}.pid").read_text().strip())
+    os.kill(pid, signal.SIGKILL)
+    failed = await next_report(reports, _domain_report(ref.name, "Failed"))
+    assert failed.domain is not None
+    assert (failed.domain.reason, failed.domain.gone) == (
+        "QEMU ended unexpectedly (killed or failed)", True)
+    assert ref.domain not in {d.name for d in running.agent.summaries()}
+    assert not (host / "disks" / ref.namespace / ref.name).exists()
