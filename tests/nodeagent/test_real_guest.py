@@ -18,6 +18,7 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
@@ -48,6 +49,8 @@ from tests.realhost import (
 )
 
 __all__ = ["guest_files", "libvirtd"]  # fixtures, used by name
+
+SETUP_HOST = Path(__file__).resolve().parents[2] / "deploy" / "realhost" / "setup-host"
 
 
 @pytest.fixture
@@ -169,3 +172,15 @@ async def test_a_real_guest_whose_qemu_is_killed_fails_with_the_reason(
         "QEMU ended unexpectedly (killed or failed)", True)
     assert ref.domain not in {d.name for d in running.agent.summaries()}
     assert not (host / "disks" / ref.namespace / ref.name).exists()
+
+
+def test_setting_up_a_ready_host_again_changes_nothing(libvirtd: None) -> None:
+    """`./dev real-host`'s script on a host it made ready (or the fixture did): it installs
+    and starts nothing, and says the host answers."""
+    done = subprocess.run([str(SETUP_HOST)], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert "installing" not in done.stderr and "starting" not in done.stderr, done.stderr
+    assert f"ready: {URI} answers" in done.stderr
+    assert all(Path(d).is_dir() for d in ("/var/lib/virtbus/images", "/var/lib/virtbus/disks",
+                                          converter_defaults.RUN_DIR))
