@@ -55,6 +55,7 @@ from events.subjects import split_aggregate_id
 from events.vm import (
     VirtualMachineCreated,
     VirtualMachineDeleted,
+    VirtualMachineInstanceAgentConnected,
     VirtualMachineInstanceCreated,
     VirtualMachineInstanceDeleted,
     VirtualMachineInstanceDeletionRequested,
@@ -264,6 +265,8 @@ class VirtualMachineInstanceView(View):
         self.paused_reason = ""
         """Why the guest is paused (the Paused condition's reason); '' when it is not."""
         self.paused_at: datetime | None = None
+        self.agent_connected_at: datetime | None = None
+        """Since when the guest agent's channel is connected; None while it is not."""
         self.unschedulable_message = ""
         """Why no node fits (kube-scheduler's message) while Pending; '' otherwise."""
         self.unschedulable_at: datetime | None = None
@@ -308,6 +311,10 @@ class VirtualMachineInstanceView(View):
     def paused(self) -> bool:
         return bool(self.paused_reason)
 
+    @property
+    def agent_connected(self) -> bool:
+        return self.agent_connected_at is not None
+
     def mutate(self, event: Event) -> None:
         match event:
             case VirtualMachineInstanceCreated(uid=uid, metadata=meta, spec=spec, owner=owner,
@@ -317,6 +324,7 @@ class VirtualMachineInstanceView(View):
                 self.replica_set = replica_set
                 self.created_at, self.deletion_requested_at = event.timestamp, None
                 self.transitions, self.paused_reason, self.paused_at = [], "", None
+                self.agent_connected_at = None
                 self.unschedulable_message, self.unschedulable_at = "", None
                 self.migration, self.evacuation_node = None, ""
                 self._phase("Pending", event.timestamp)
@@ -333,10 +341,13 @@ class VirtualMachineInstanceView(View):
                 self._phase(phase, event.timestamp)
                 if phase in TERMINAL_PHASES:
                     self.paused_reason, self.paused_at = "", None
+                    self.agent_connected_at = None
             case VirtualMachineInstancePaused(reason=reason):
                 self.paused_reason, self.paused_at = reason, event.timestamp
             case VirtualMachineInstanceUnpaused():
                 self.paused_reason, self.paused_at = "", None
+            case VirtualMachineInstanceAgentConnected(connected=connected):
+                self.agent_connected_at = event.timestamp if connected else None
             case VirtualMachineInstanceDeletionRequested(grace_period_seconds=grace):
                 self.deletion_requested_at, self.grace_period_seconds = event.timestamp, grace
             case VirtualMachineInstanceDeleted():

@@ -7,8 +7,9 @@ for work nobody checked.
 
 The guest is the host's own kernel (`kernelBoot`, from the image store) with a busybox
 initramfs whose init prints the first bytes of its containerDisk and the user-data of its
-NoCloud ISO on the serial console, says it is ready once it listens to the ACPI power
-button, and powers off when the button is pressed.
+NoCloud ISO on the serial console, opens the QEMU guest agent's port (as a guest agent
+would: libvirt then says the agent connected), says it is ready once it listens to the ACPI
+power button, and powers off when the button is pressed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import libvirt
 import pytest
 
+from nodeagent.converter.defaults import GUEST_AGENT_CHANNEL
 from nodeagent.virterror import quiet_libvirt_errors
 
 QEMU = "qemu-system-x86_64"
@@ -49,10 +51,11 @@ STOP_GRACE_SECONDS = 60
 DISK_IMAGE = "virtbus.test/disk:1"
 BOOT_IMAGE = "virtbus.test/boot:1"
 DISK_MARKER = b"virtbus-disk-marker"
-MODULES = [  # in load order: virtio disks, the ISO file system, the ACPI power button
+MODULES = [  # in load order: virtio disks and serial ports, the ISO file system, ACPI's button
     "drivers/virtio/virtio_ring.ko", "drivers/virtio/virtio.ko",
     "drivers/virtio/virtio_pci_legacy_dev.ko", "drivers/virtio/virtio_pci_modern_dev.ko",
-    "drivers/virtio/virtio_pci.ko", "drivers/block/virtio_blk.ko", "drivers/cdrom/cdrom.ko",
+    "drivers/virtio/virtio_pci.ko", "drivers/block/virtio_blk.ko",
+    "drivers/char/virtio_console.ko", "drivers/cdrom/cdrom.ko",
     "fs/isofs/isofs.ko", "drivers/acpi/button.ko", "drivers/input/evdev.ko"]
 INIT = """#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -70,6 +73,12 @@ for disk in /dev/vd?; do
         echo "virtbus-guest: disk: $(head -c MARKER_LENGTH "$disk")"
     fi
 done
+for port in /sys/class/virtio-ports/*; do  # stands in for a guest agent: opens its port
+    if [ "$(cat "$port/name")" = "GUEST_AGENT_CHANNEL" ]; then
+        exec 9<>"/dev/${port##*/}"
+        echo "virtbus-guest: guest agent channel open"
+    fi
+done
 fd=3
 for device in /sys/class/input/event*; do  # ACPI may give more than one: any will do
     if [ "$(cat "$device/device/name")" = "Power Button" ]; then
@@ -80,7 +89,8 @@ for device in /sys/class/input/event*; do  # ACPI may give more than one: any wi
 done
 echo "virtbus-guest: ready"
 wait
-""".replace("MARKER_LENGTH", str(len(DISK_MARKER)))
+""".replace("MARKER_LENGTH", str(len(DISK_MARKER))).replace("GUEST_AGENT_CHANNEL",
+                                                          GUEST_AGENT_CHANNEL)
 
 
 def installed(package: str) -> bool:

@@ -28,7 +28,9 @@ from events.streams import ensure_all
 from events.subjects import Layout
 from nodeagent import lifecycle
 from nodeagent.agent import AgentConfig, NodeAgent, VMIRef
+from nodeagent.converter import convert
 from nodeagent.defaults import DOMAIN_MISSING_REASON
+from nodeagent.domxml import parse_manifest
 from nodeagent.downwardmetrics import DISK_SIZE, Metric, MetricsDiskError, read_disk
 from nodeagent.lifecycle import SimulationRefused
 from projections.cluster import ClusterState
@@ -83,6 +85,26 @@ async def test_restart_neither_loses_nor_duplicates_guests(
     finally:
         lifecycle.graceful_stop(second.agent.conn, kept.domain, 0, second.agent.watcher)
         await second.close()
+
+
+async def test_another_installations_guest_on_the_host_is_left_alone(
+        cluster: Cluster, nats_url: str, conn: libvirt.virConnect) -> None:
+    """Two installations (prefixes) sharing a host: neither adopts nor removes the other's
+    guests, which its cluster never placed there."""
+    ref = VMIRef(cluster.namespace, "theirs", str(uuid.uuid4()))
+    vmi = cluster.launch(ref).vmi
+    assert vmi is not None
+    spec, ctx = parse_manifest(vmi, domain_type="test")
+    dom = conn.defineXML(convert(spec, msgspec.structs.replace(ctx, installation="another")))
+    dom.create()
+    running = await start(cluster, nats_url)
+    try:
+        assert ref.domain not in running.agent.domains
+        assert conn.lookupByName(ref.domain).isActive(), "another installation's guest removed"
+    finally:
+        await running.close()
+        dom.destroy()
+        dom.undefine()
 
 
 async def test_a_host_kept_in_a_file_outlives_its_agent(

@@ -3,12 +3,13 @@ service and a real node agent on `qemu:///system` (QEMU under TCG on this machin
 
 The guest (`tests.realhost`) boots the host's kernel from the node's image store (imported
 with `virtbus node import-image`) and prints its containerDisk's first bytes and its NoCloud
-user-data on the serial console, which the test reads with `virtbus console`. It is paused
-and unpaused, soft-rebooted (it boots again in the same QEMU), its agent is killed (-9) and
-restarted (the guest runs on in the same QEMU process and is adopted, not launched again),
-and it is stopped: the guest hears the ACPI power button and powers off, the VMI is
-Succeeded ("stopped on request (ShutDown)"), and every overlay, ISO and kernel the agent made
-is gone with the guest's run directory.
+user-data on the serial console, which the test reads with `virtbus console`. It opens its
+guest agent's channel (the VMI is AgentConnected). It is paused and unpaused, soft-rebooted
+(it boots again in the same QEMU), its agent is killed (-9) and restarted (the guest runs on
+in the same QEMU process and is adopted, not launched again), and it is stopped: the guest
+hears the ACPI power button and powers off, the VMI is Succeeded ("stopped on request
+(ShutDown)"), and every overlay, ISO and kernel the agent made is gone with the guest's run
+directory.
 """
 
 from __future__ import annotations
@@ -150,6 +151,9 @@ async def test_a_real_guest_through_virtbus(real_host: RealHost, vb: Client,
     console = await real_host.console_with("guest", "virtbus-guest: ready")
     assert f"virtbus-guest: user-data: {user_data}" in console
     assert f"virtbus-guest: disk: {DISK_MARKER.decode()}" in console
+    assert "virtbus-guest: guest agent channel open" in console
+    vmi = await eventually(lambda: _agent_connected(vb, ns), DEADLINE_SECONDS,
+                           "the AgentConnected condition")
     # IP ASSERTION (wip/net, issue 12 item 2): once the agent wires the default pod network,
     # the VM gets its interface back and status.interfaces[0].ipAddress is asserted here.
     vmi_dir = real_host.host / "disks" / ns / "guest"
@@ -232,6 +236,13 @@ async def _soft_reboot(real_host: RealHost, vb: Client, conn: libvirt.virConnect
     vmi = await vmi_phase(vb, "guest", "Running", ns)
     assert vmi is not None
     assert vmi["metadata"]["uid"] == uid
+
+
+async def _agent_connected(vb: Client, namespace: str) -> dict[str, Any] | None:
+    """The Running VMI once it has KubeVirt's AgentConnected condition."""
+    vmi = await vmi_phase(vb, "guest", "Running", namespace)
+    connected = condition(vmi, "AgentConnected") if vmi is not None else None
+    return vmi if connected is not None and connected["status"] == "True" else None
 
 
 async def _true(value: bool) -> bool:
