@@ -5,10 +5,19 @@ published for its current instance."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+
+import msgspec
+
+from controlplane.client import Client
+from controlplane.writer import Writer
+from events.messages import Command, DomainObservation, node_actor
 from events.query import FORBIDDEN, NOT_FOUND, ConsoleAnswer, ConsoleQuery, ask_verb
 from events.streams import CONSOLE_CHUNKS_PER_GUEST
 from projections.console import CONSOLE_PAGE
 from tests.security.test_tenancy import Reads, reads
+from tests.system.harness import WAIT_SECONDS, eventually
 
 __all__ = ["reads"]  # a fixture, used by name
 
@@ -65,3 +74,38 @@ async def test_a_long_console_comes_in_pages(reads: Reads) -> None:
     assert (first.output, first.more) == (b"".join(lines[:CONSOLE_PAGE]), True)
     rest = await _console(reads, "alice", "tenant-a", "on-n1", first.next)
     assert (rest.output, rest.more) == (b"".join(lines[CONSOLE_PAGE:]), False)
+
+
+async def test_a_followed_console_goes_on_until_its_vmi_is_finished(
+        reads: Reads, nats_url: str, prefix: str) -> None:
+    [vmi] = await reads.items("operator", "VirtualMachineInstance", "tenant-a", "on-n1")
+    uid = vmi["metadata"]["uid"]
+    await _publish(reads, "n1", uid, b"first\n")
+    client = await Client.connect(nats_url, prefix, actor="alice")
+    got: list[bytes] = []
+
+    async def follow() -> None:
+        async for output in client.console("tenant-a", "on-n1", follow=True):
+            got.append(output)
+
+    following = asyncio.ensure_future(follow())
+    try:
+        await eventually(lambda: _true(got == [b"first\n"]), what="the first output")
+        await _publish(reads, "n1", uid, b"second\n")
+        await eventually(lambda: _true(got == [b"first\n", b"second\n"]), what="more output")
+        assert not following.done()
+        gone = DomainObservation(namespace="tenant-a", name="on-n1", uid=uid, phase="Failed",
+                                 gone=True)
+        done = await Writer(reads.nc, reads.layout).execute(Command(
+            id=str(uuid.uuid4()), actor=node_actor("n1"), kind="VirtualMachineInstance",
+            verb="observe", namespace="tenant-a", name="on-n1",
+            manifest=msgspec.to_builtins(gone)))
+        assert done.outcome.accepted, done.outcome.reason
+        await asyncio.wait_for(following, WAIT_SECONDS)
+    finally:
+        following.cancel()
+        await client.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
