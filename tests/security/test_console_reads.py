@@ -64,7 +64,7 @@ async def test_the_console_is_read_by_who_may_and_only_its_nodes_output(reads: R
     assert nameless.error == "name: a console names one VMI and its namespace"
 
 
-async def test_a_long_console_comes_in_pages(reads: Reads) -> None:
+async def test_a_long_console_comes_in_pages(reads: Reads, nats_url: str, prefix: str) -> None:
     [vmi] = await reads.items("operator", "VirtualMachineInstance", "tenant-a", "on-n1")
     lines = [f"line {i}\n".encode() for i in range(CONSOLE_PAGE + 3)]
     assert len(lines) < CONSOLE_CHUNKS_PER_GUEST
@@ -74,6 +74,12 @@ async def test_a_long_console_comes_in_pages(reads: Reads) -> None:
     assert (first.output, first.more) == (b"".join(lines[:CONSOLE_PAGE]), True)
     rest = await _console(reads, "alice", "tenant-a", "on-n1", first.next)
     assert (rest.output, rest.more) == (b"".join(lines[CONSOLE_PAGE:]), False)
+    client = await Client.connect(nats_url, prefix, actor="alice")
+    try:  # the client reads every page, without being told to follow
+        assert [o async for o in client.console("tenant-a", "on-n1")] == [first.output,
+                                                                           rest.output]
+    finally:
+        await client.close()
 
 
 async def test_a_followed_console_goes_on_until_its_vmi_is_finished(
