@@ -785,7 +785,8 @@ class NodeAgent:
     async def _report_agent_changes(self, changes: asyncio.Queue[AgentChange],
                                     stop: asyncio.Event) -> None:
         """Report each guest agent that connects or disconnects, with its guest's state now
-        (a guest that stopped meanwhile has its stop reported instead)."""
+        (a guest that stopped meanwhile has its stop reported instead), while no node
+        command runs: a pause's report and this one say the same of the pause."""
         while not stop.is_set():
             try:
                 change = await asyncio.wait_for(changes.get(), 1.0)
@@ -795,11 +796,12 @@ class NodeAgent:
             if ref is None:
                 continue
             try:
-                now = await asyncio.to_thread(running_verdict, self.conn, change.name)
-                if now is not None:
-                    await self.report_domain(ref, GuestPhase.RUNNING, paused=now.paused,
-                                             paused_reason=now.paused_reason,
-                                             agent_connected=change.connected)
+                async with self.busy:
+                    now = await asyncio.to_thread(running_verdict, self.conn, change.name)
+                    if now is not None:
+                        await self.report_domain(ref, GuestPhase.RUNNING, paused=now.paused,
+                                                 paused_reason=now.paused_reason,
+                                                 agent_connected=change.connected)
             except (TimeoutError, NatsError, libvirt.libvirtError) as e:
                 self.log.warning("guest agent change not reported", vmi=ref.name,
                                  namespace=ref.namespace, error=describe(e))

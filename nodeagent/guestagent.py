@@ -49,8 +49,11 @@ def running_verdict(conn: libvirt.virConnect, name: str) -> Verdict | None:
 
 
 class GuestAgentWatcher:
-    """Hands each agent lifecycle event of one connection to `deliver` (on libvirt's event
-    thread: `deliver` must not block)."""
+    """Hands each change of a guest agent's channel that the guest made (libvirt's reason
+    CHANNEL) to `deliver`, on libvirt's event thread (`deliver` must not block). The state
+    libvirt announces as a domain starts (reason DOMAIN_STARTED: not connected, its vCPUs not
+    yet running) says nothing new and is not handed on: read then, the guest's state would
+    be the paused one of its start."""
 
     def __init__(self, conn: libvirt.virConnect,
                  deliver: Callable[[AgentChange], object]) -> None:
@@ -62,7 +65,9 @@ class GuestAgentWatcher:
         self._conn.domainEventDeregisterAny(self._callback_id)
 
     def _on_event(self, _conn: libvirt.virConnect, dom: libvirt.virDomain, state: int,
-                  _reason: int, _: None) -> None:
+                  reason: int, _: None) -> None:
+        if reason != libvirt.VIR_CONNECT_DOMAIN_EVENT_AGENT_LIFECYCLE_REASON_CHANNEL:
+            return
         connected = state == libvirt.VIR_CONNECT_DOMAIN_EVENT_AGENT_LIFECYCLE_STATE_CONNECTED
         try:
             self._deliver(AgentChange(dom.name(), connected))

@@ -136,10 +136,14 @@ def agent_starts(system: System) -> int:
                if line.startswith("{") and json.loads(line).get("event") == "agent started")
 
 
+@pytest.mark.timeout(900)  # a real guest booted twice under TCG on a loaded 2-core machine
 async def test_a_real_guest_through_virtbus(real_host: RealHost, vb: Client,
                                             guest_files: Path, tmp_path: Path) -> None:
     ns = real_host.namespace
     await _import_images(real_host, guest_files)
+    missing = await real_host.cli("console", "guest", "-n", ns)
+    assert (missing.code, missing.err) == (
+        1, f'error: virtualmachineinstance "{ns}/guest" not found\n')
     user_data = f"hello-{uuid.uuid4().hex[:8]}"
     manifest = tmp_path / "vm.yaml"
     manifest.write_text(yaml.safe_dump(vm_manifest(ns, user_data)))
