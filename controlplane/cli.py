@@ -404,6 +404,15 @@ async def cmd_alerts(_args: argparse.Namespace, vb: Client) -> int:
     return 0
 
 
+async def cmd_console(args: argparse.Namespace, vb: Client) -> int:
+    """Write the VMI's serial console to stdout as the guest wrote it (bytes, not lines)."""
+    out = sys.stdout.buffer
+    async for output in vb.console(args.namespace, args.name, follow=args.follow):
+        out.write(output)
+        out.flush()
+    return 0
+
+
 async def cmd_sim(args: argparse.Namespace, vb: Client) -> int:
     if args.action in ("agent-stop", "agent-start"):
         node, request = args.target, SimRequest(action=args.action)
@@ -483,6 +492,13 @@ def parser() -> argparse.ArgumentParser:
     _readers(sub)
     _cluster_configuration(sub)
     _watchers(sub)
+
+    c = sub.add_parser("console", help="a VMI's serial console output (read-only)")
+    c.add_argument("name")
+    c.add_argument("-f", "--follow", action="store_true",
+                   help="go on printing what the guest writes until the VMI is finished")
+    _namespace(c)
+    c.set_defaults(run=cmd_console)
 
     x = sub.add_parser("domxml", help="print the libvirt domain XML of a VM/VMI manifest")
     x.add_argument("-f", "--filename", action="append", required=True)

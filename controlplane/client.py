@@ -47,9 +47,12 @@ from events.messages import (
 )
 from events.query import (
     FORBIDDEN,
+    NOT_FOUND,
     TOO_MANY_REQUESTS,
     Answer,
     Change,
+    ConsoleAnswer,
+    ConsoleQuery,
     HistoryAnswer,
     HistoryEntry,
     HistoryQuery,
@@ -65,14 +68,17 @@ from projections.cluster import ClusterState
 from projections.eviction import DrainProgress, drain_progress
 from projections.follower import first_outcome, follow
 from projections.query import KIND_TOKENS
+from projections.views import TERMINAL_PHASES
 
 __all__ = ["Change", "Client", "CommandRejected", "HistoryEntry"]
 
-A = TypeVar("A", Answer, HistoryAnswer, WatchAnswer)
+A = TypeVar("A", Answer, HistoryAnswer, WatchAnswer, ConsoleAnswer)
 
 _decode_outcome = msgspec.msgpack.Decoder(Outcome).decode
 
 RETRY_WITHIN_SECONDS: Final = 20.0
+CONSOLE_FOLLOW_SECONDS: Final = 0.5
+"""How often a followed console asks for more (the agent publishes twice a second)."""
 """How long a read, a command's publish or an outcome's look-up retries what NATS cannot do
 now (a server of the cluster lost and the connection moved to another, a JetStream leader
 being elected, the read service reconnecting) before the error is raised."""
@@ -311,6 +317,8 @@ class Client:
             await asyncio.sleep(got.retry_after_seconds)
         if got.reason == FORBIDDEN:
             raise Forbidden(got.error)
+        if got.reason == NOT_FOUND:
+            raise NotFound(got.error)
         if got.error:
             raise RuntimeError(f"read service: {got.error}")
         return got
@@ -346,6 +354,25 @@ class Client:
             for change in page.changes:
                 yield change
             position = page.next
+
+    async def console(self, namespace: str, name: str, *,
+                      follow: bool = False) -> AsyncIterator[bytes]:
+        """The VMI's serial console output (its current instance's), as the guest wrote it:
+        what is kept, then, with `follow`, what comes, until the VMI is finished. Refused
+        (`Forbidden`) unless the policy grants `get` of `virtualmachineinstances/console`;
+        `NotFound` for a VMI that is not there or runs on no node."""
+        since = 0
+        while True:
+            page = await self._ask("console", ConsoleQuery(namespace=namespace, name=name,
+                                                           since=since), ConsoleAnswer)
+            if page.output:
+                yield page.output
+            since = page.next
+            if page.more:
+                continue
+            if not follow or page.phase in TERMINAL_PHASES:
+                return
+            await asyncio.sleep(CONSOLE_FOLLOW_SECONDS)  # the poll period of a follower
 
     async def drain_progress(self, node: str) -> AsyncIterator[DrainProgress]:
         """How a node's drain goes, from now (the log replayed up to its end first) until it

@@ -28,6 +28,7 @@ from events.vm import (
     PAUSED_USER_REQUESTED,
     VM_KIND,
     VMI_KIND,
+    VirtualMachineInstanceAgentConnected,
     VirtualMachineInstanceCreated,
     VirtualMachineInstanceDeleted,
     VirtualMachineInstanceDeletionRequested,
@@ -234,6 +235,9 @@ def observe(d: Decision) -> None:
                   reason=obs.paused_reason or PAUSED_USER_REQUESTED)
     elif state.phase == "Running" and not obs.paused and state.paused:
         d.trigger(vmi, VirtualMachineInstanceUnpaused)
+    connected = obs.agent_connected
+    if state.phase == "Running" and connected is not None and connected != state.agent_connected:
+        d.trigger(vmi, VirtualMachineInstanceAgentConnected, connected=connected)
 
 
 # -- guest actions: the node does them, its observation confirms them ------------------------

@@ -142,7 +142,7 @@ class _Api:
         layout = self.layout
         return [layout.events_stream, layout.snapshots_stream, layout.commands_stream,
                 layout.node_stream, layout.reports_stream, layout.dead_letter_stream,
-                layout.read_snapshots_stream,
+                layout.read_snapshots_stream, layout.console_stream,
                 *(self.kv(b) for b in self.buckets())]
 
     def buckets(self) -> list[str]:
@@ -210,7 +210,8 @@ def projections(layout: Layout) -> NatsUser:
         name=PROJECTIONS_USER,
         about="Folds the event log into read models (and writes their snapshots), keeps its "
               "positions in the checkpoints "
-              "bucket, and answers queries: on the control plane's inboxes, and on the "
+              "bucket, reads the serial consoles for those the policy lets see them, and "
+              "answers queries: on the control plane's inboxes, and on the "
               "`_R_.` replies the server maps a USERS requester's reply to. No "
               "`allow_responses`, which would let a requester aim an answer at any subject "
               "(an event subject among them).",
@@ -220,7 +221,7 @@ def projections(layout: Layout) -> NatsUser:
                  *api.stream_info(events, layout.reports_stream,
                                   api.kv(layout.checkpoints_bucket)),
                  *api.reads(events), *api.kv_reads(layout.checkpoints_bucket),
-                 *api.consumers(events)],
+                 *api.consumers(events), *api.reads(layout.console_stream)],
         deny=[f"{layout.prefix}.>", f"$KV.{layout.outcomes_bucket}.>",
               f"$KV.{layout.leases_bucket}.>", f"$KV.{layout.heartbeats_bucket}.>",
               *_NO_LOG_SURGERY],
@@ -280,8 +281,11 @@ def node_agent(layout: Layout, node: str, askers: Iterable[str] = ()) -> NatsUse
               "the consumer the control plane makes; it creates and updates no consumer, "
               "since a create request's body, which no permission sees, could make it push "
               "the node's work anywhere), reports, heartbeat and work log; asks the read "
-              "service which VMIs are its own. It reads no events.",
-        publish=[f"{p}.report.{token}.>", f"$KV.{heartbeats}.{token}",
+              "service which VMIs are its own. It reads no events. It publishes its guests' "
+              "serial consoles and reads back only the last of each.",
+        publish=[f"{p}.report.{token}.>", layout.console_filter(node),
+                 f"$JS.API.DIRECT.GET.{layout.console_stream}.{layout.console_filter(node)}",
+                 f"$KV.{heartbeats}.{token}",
                  f"$KV.{applied}.{token}.>", query_subject(layout, node_actor(node)),
                  *_COMMON,
                  *api.stream_info(layout.events_stream, layout.node_stream,

@@ -59,6 +59,13 @@ async def last_on(nc: Client, stream: str, subject: str) -> Msg | None:
     return await _one(nc, stream, {"last_by_subj": subject})
 
 
+async def last_by_subject(nc: Client, stream: str, subject: str) -> Msg | None:
+    """The newest message on `subject` (no wildcards), asked with the subject in the
+    request's own subject, so a NATS permission can pin what a user may read this way."""
+    msg = await nc.request(f"$JS.API.DIRECT.GET.{stream}.{subject}", b"", timeout=TIMEOUT)
+    return _found(msg)
+
+
 async def first_since(nc: Client, stream: str, subject: str, at: datetime) -> Msg | None:
     """The first message on `subject` stored at or after `at`, or None."""
     stamp = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -68,6 +75,11 @@ async def first_since(nc: Client, stream: str, subject: str, at: datetime) -> Ms
 async def _one(nc: Client, stream: str, request: dict[str, str]) -> Msg | None:
     msg = await nc.request(f"$JS.API.DIRECT.GET.{stream}", _encode_json(request),
                            timeout=TIMEOUT)
+    return _found(msg)
+
+
+def _found(msg: Msg) -> Msg | None:
+    """A Direct Get's stored message, None for its 404, or its failure raised."""
     status = _status(msg)
     if status is None:
         return msg

@@ -240,6 +240,9 @@ class DomainObservation(msgspec.Struct, frozen=True, kw_only=True):
     """The guest's vCPUs are suspended; its phase stays Running, as in KubeVirt."""
     paused_reason: str = ""
     """Why, when the hypervisor paused it (`PausedIOError`); '' for a user's pause."""
+    agent_connected: bool | None = None
+    """The QEMU guest agent's channel is connected (libvirt's agent lifecycle event), where
+    the report says; None: this report does not say."""
 
 
 MigrationState = Literal["target-ready", "running", "progress", "converged", "failed"]

@@ -137,6 +137,15 @@ _VM_ACTIONS: Final = ["virtualmachines/start", "virtualmachines/stop",
                       "virtualmachines/restart", "virtualmachines/migrate"]
 _VMI_ACTIONS: Final = ["virtualmachineinstances/pause", "virtualmachineinstances/unpause",
                        "virtualmachineinstances/softreboot"]
+CONSOLE_RESOURCE: Final = "virtualmachineinstances/console"
+"""Reading a VMI's serial console (`virtctl console`, `virtbus console`): a `get` of this
+subresource, which KubeVirt's edit and admin roles grant and view does not (a console may
+show what the guest prints of its secrets)."""
+
+
+def console_request(namespace: str) -> Request:
+    """The request reading a VMI's serial console in `namespace` stands for."""
+    return Request("get", SUBRESOURCES_GROUP, CONSOLE_RESOURCE, namespace)
 
 
 def _cluster_role(name: str, *rules: PolicyRule) -> ClusterRole:
@@ -150,7 +159,9 @@ def _kubevirt_writer(name: str, verbs: list[str]) -> ClusterRole:
         PolicyRule(api_groups=[INSTANCETYPE_GROUP], resources=_INSTANCETYPE_RESOURCES,
                    verbs=verbs),
         PolicyRule(api_groups=[SUBRESOURCES_GROUP], resources=_VM_ACTIONS + _VMI_ACTIONS,
-                   verbs=["update"]))
+                   verbs=["update"]),
+        PolicyRule(api_groups=[SUBRESOURCES_GROUP], resources=[CONSOLE_RESOURCE],
+                   verbs=["get"]))
 
 
 BUILTIN_CLUSTER_ROLES: Final = {

@@ -1,7 +1,8 @@
 """The read API's wire protocol: query/answer messages on `<p>.query.<asker>.<verb>`.
 
-Three verbs: `get` (objects now, or at a sequence or instant), `history` (one object's
-events, or one request's across objects) and `watch` (a page of changes from a sequence).
+Four verbs: `get` (objects now, or at a sequence or instant), `history` (one object's
+events, or one request's across objects), `watch` (a page of changes from a sequence) and
+`console` (a page of a VMI's serial console output).
 The read service answers each as the asker may see it, so a person who may not read the
 whole log (it holds every namespace and cloud-init secrets in clear) still audits and
 watches what the policy lets it read. It lives in `events` because node agents ask it too
@@ -26,13 +27,16 @@ QUERY_TIMEOUT_SECONDS: Final = 15.0
 """How long a reader waits for the read service to answer one query."""
 
 
-Verb = Literal["get", "history", "watch"]
-VERBS: Final[tuple[Verb, ...]] = ("get", "history", "watch")
+Verb = Literal["get", "history", "watch", "console"]
+VERBS: Final[tuple[Verb, ...]] = ("get", "history", "watch", "console")
 FORBIDDEN: Final = "Forbidden"
 """An answer's `reason` when the policy refused the query (Kubernetes' Status reason)."""
 TOO_MANY_REQUESTS: Final = "TooManyRequests"
 """An answer's `reason` when the asker made too many audit reads (Kubernetes' 429); its
 `retry_after_seconds` says when to ask again."""
+NOT_FOUND: Final = "NotFound"
+"""An answer's `reason` when what the query names is not there (a console of a VMI that is
+not, or runs on no node)."""
 WATCH_PAGE: Final = 256
 """The most changes one `watch` answer holds; the next page starts where it ended."""
 
@@ -115,6 +119,29 @@ class WatchAnswer(msgspec.Struct, frozen=True, kw_only=True):
     changes: list[Change] = []
     next: int = 0
     """Where the next page starts: past every event this answer covered."""
+    error: str = ""
+    reason: str = ""
+    retry_after_seconds: int = 0
+
+
+class ConsoleQuery(msgspec.Struct, frozen=True, kw_only=True):
+    """`console`: the serial console output of the VMI's current instance, from `since` (a
+    position an earlier answer gave as `next`; 0 for the oldest kept)."""
+
+    namespace: str
+    name: str
+    since: int = 0
+
+
+class ConsoleAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    output: bytes = b""
+    """The console's bytes as the guest wrote them (not decoded: a console is a terminal)."""
+    next: int = 0
+    """Where the next page starts: past everything this answer holds."""
+    more: bool = False
+    """More output is kept past this page: ask again at once."""
+    phase: str = ""
+    """The VMI's phase: a follower stops once it is finished and nothing more is kept."""
     error: str = ""
     reason: str = ""
     retry_after_seconds: int = 0

@@ -33,6 +33,12 @@ READ_SNAPSHOTS_MAX_MESSAGES: Final = 4096
 """Messages (128 KiB object chunks, and each object's meta) the read-model snapshots may take
 before the oldest go: at most some 512 MiB. A count, not `max_bytes`, which the server would
 reserve in full for every installation at once."""
+CONSOLE_RETENTION: Final = 7 * 24 * 3600.0
+CONSOLE_CHUNK_BYTES: Final = 8 * 1024
+"""The most console output one message holds (`nodeagent.console` cuts it so)."""
+CONSOLE_CHUNKS_PER_GUEST: Final = 512
+"""Console messages kept per VMI instance (its subject): the last 4 MiB at most, as a
+rotating serial console log would keep."""
 HEARTBEAT_TTL: Final = 60.0
 """Heartbeat entries outlive any grace period; staleness is judged by the control plane."""
 HEARTBEAT_INTERVAL: Final = 2.0
@@ -117,6 +123,16 @@ def _stream_configs(layout: Layout, replicas: int) -> list[StreamConfig]:
             subjects=[f"{layout.prefix}.dead.>"],
             retention=RetentionPolicy.LIMITS,
             max_age=DEAD_LETTER_RETENTION,
+            allow_direct=True,
+            num_replicas=replicas,
+        ),
+        StreamConfig(
+            name=layout.console_stream,
+            subjects=[f"{layout.prefix}.console.>"],
+            retention=RetentionPolicy.LIMITS,
+            max_age=CONSOLE_RETENTION,
+            max_msgs_per_subject=CONSOLE_CHUNKS_PER_GUEST,
+            discard=DiscardPolicy.OLD,
             allow_direct=True,
             num_replicas=replicas,
         ),

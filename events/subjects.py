@@ -8,6 +8,7 @@ Layout (prefix `p`, upper-cased `P` for stream and bucket names):
 | command stream   | `P_COMMANDS`, subjects `p.cmd.>`       |
 | node work queue  | `P_NODE`, subjects `p.node.>`          |
 | report queue     | `P_REPORTS`, subjects `p.report.>`     |
+| serial consoles  | `P_CONSOLE`, subjects `p.console.>`    |
 | KV buckets       | `P_HEARTBEATS`, `P_LEASES`, `P_CHECKPOINTS`, `P_OUTCOMES`, `P_APPLIED` |
 | object store     | `P_READ_SNAPSHOTS` (read-model snapshots; derived data)                |
 
@@ -91,6 +92,11 @@ class Layout(msgspec.Struct, frozen=True):
     @property
     def reports_stream(self) -> str:
         return f"{self.upper}_REPORTS"
+
+    @property
+    def console_stream(self) -> str:
+        """Real guests' serial console output, as their agents read it (`nodeagent.console`)."""
+        return f"{self.upper}_CONSOLE"
 
     # KV buckets
     @property
@@ -195,6 +201,17 @@ class Layout(msgspec.Struct, frozen=True):
     @property
     def reports_filter(self) -> str:
         return f"{self.prefix}.report.>"
+
+    def console_subject(self, node: str, namespace: str, name: str, uid: str) -> str:
+        """One VMI instance's serial console output, as the agent of `node` publishes it: the
+        node in the subject lets a node publish only its own guests' (`events.authorization`),
+        the uid keeps a VMI's earlier instances apart."""
+        return (f"{self.prefix}.console.{encode_token(node)}.{encode_token(namespace)}."
+                f"{encode_token(name)}.{encode_token(uid)}")
+
+    def console_filter(self, node: str) -> str:
+        """Every console subject of `node`'s guests."""
+        return f"{self.prefix}.console.{encode_token(node)}.>"
 
     def agent_subject(self, node: str, verb: str) -> str:
         """Requests answered by one node's agent directly (simulation), not work items."""

@@ -196,3 +196,11 @@ class VirtualMachineInstancePaused(Event, frozen=True, kw_only=True):
 @event_type("VirtualMachineInstanceUnpaused")
 class VirtualMachineInstanceUnpaused(Event, frozen=True, kw_only=True):
     """The node confirmed the guest runs again: the Paused condition is gone."""
+
+
+@event_type("VirtualMachineInstanceAgentConnected")
+class VirtualMachineInstanceAgentConnected(Event, frozen=True, kw_only=True):
+    """The node saw the QEMU guest agent's channel connect (`connected`) or disconnect:
+    KubeVirt's `AgentConnected` condition is True while it is connected."""
+
+    connected: bool

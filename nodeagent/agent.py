@@ -91,6 +91,7 @@ from events.streams import HEARTBEAT_INTERVAL, wait_for_streams, work_consumer
 from events.subjects import DEFAULT_PREFIX, Layout, encode_token
 from events.transient import describe, is_transient, note, retry_until_stopped, retry_while_running
 from nodeagent import downwardmetrics, guestdisks, lifecycle
+from nodeagent.console import ConsolePublisher
 from nodeagent.converter import convert
 from nodeagent.converter import defaults as converter_defaults
 from nodeagent.converter.context import DomainType, domain_name
@@ -114,6 +115,7 @@ from nodeagent.defaults import (
 from nodeagent.devices import DeviceLedger
 from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
 from nodeagent.domxml import parse_manifest
+from nodeagent.guestagent import AgentChange, GuestAgentWatcher, agent_connected, running_verdict
 from nodeagent.hostpaths import HostPathError
 from nodeagent.hypervisor import Hypervisor, HypervisorChoice, guest_owner, kvm_runs_guests
 from nodeagent.imagestore import ImageStore
@@ -198,10 +200,12 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
                       cert=self.nats_cert, key=self.nats_key)
 
 
-def vmi_of(dom: libvirt.virDomain) -> VMIRef | None:
-    """The VMI a domain belongs to, from the metadata the converter writes."""
+def vmi_of(dom: libvirt.virDomain, installation: str) -> VMIRef | None:
+    """The VMI a domain belongs to, from the metadata the converter writes; None for a
+    domain of no VMI, or of another installation's (two sharing a host leave each other's
+    guests alone; a domain that names none is taken as this one's)."""
     found = ET.fromstring(dom.XMLDesc(0)).find(f"metadata/{VMI_METADATA_TAG}")
-    if found is None:
+    if found is None or found.get("installation", installation) != installation:
         return None
     return VMIRef(found.get("namespace", ""), found.get("name", ""), found.get("uid", ""))
 
@@ -254,12 +258,17 @@ class NodeAgent:
         observations: asyncio.Queue[Observation] = asyncio.Queue()
         self.watcher = LifecycleWatcher(self.conn, to_asyncio(loop, observations),
                                         node=self.cfg.node)
+        agent_changes: asyncio.Queue[AgentChange] = asyncio.Queue()
+        guest_agents = None if self.cfg.simulated else GuestAgentWatcher(
+            self.conn, lambda change: loop.call_soon_threadsafe(agent_changes.put_nowait, change))
         self.capabilities = capabilities = await asyncio.to_thread(self.conn.getCapabilities)
         kvm = await asyncio.to_thread(kvm_runs_guests, self.cfg.libvirt_uri, capabilities,
                                       self.cfg.hypervisor, self.cfg.hypervisor_probe_seconds,
                                       node=self.cfg.node)
         self.hypervisor = Hypervisor(self.cfg.libvirt_uri, kvm)
         self.nc = nc or await connect(self.cfg.access, f"agent-{self.cfg.node}")
+        self.consoles = ConsolePublisher(self.nc, self.layout, self.cfg.node,
+                                         converter_defaults.RUN_DIR)
         try:
             js = self.nc.jetstream()
             if not await unless_stopped(wait_for_streams(js, self.layout), stop):
@@ -281,11 +290,14 @@ class NodeAgent:
                 self.started.set()
                 await asyncio.gather(self._consume(stop), self._pump(observations, stop),
                                      self._rediscover(stop), self._refresh_metrics(stop),
-                                     self.migrations.serve(stop))
+                                     self.migrations.serve(stop), self.consoles.serve(stop),
+                                     self._report_agent_changes(agent_changes, stop))
             await heartbeat
             await sim.unsubscribe()
         finally:
             self.watcher.close()
+            if guest_agents is not None:
+                guest_agents.close()
             if nc is None:
                 await self.nc.close()
             await asyncio.to_thread(self.conn.close)
@@ -298,14 +310,19 @@ class NodeAgent:
     async def _adopt_domains(self) -> None:
         """After a restart: find our guests, rebuild the device ledger, report their phase."""
         for dom in await asyncio.to_thread(self.conn.listAllDomains, 0):
-            ref = vmi_of(dom)
+            ref = vmi_of(dom, self.cfg.prefix)
             if ref is None:
                 continue
             self.domains[ref.domain] = ref
+            if not self.cfg.simulated:
+                await self.consoles.follow(ref)
             found = judge(*dom.state())
             if found.phase is not None:
+                connected = None if self.cfg.simulated or found.phase is not GuestPhase.RUNNING \
+                    else await asyncio.to_thread(agent_connected, dom)
                 await self.report_domain(ref, found.phase, "found at agent start",
-                                         paused=found.paused, paused_reason=found.paused_reason)
+                                         paused=found.paused, paused_reason=found.paused_reason,
+                                         agent_connected=connected)
         self.ledger = DeviceLedger.rebuild(self.discovery.device_capacity(),
                                            [r.uid for r in self.domains.values()],
                                            node=self.cfg.node)
@@ -411,6 +428,7 @@ class NodeAgent:
             return lifecycle.StopOutcome.ALREADY_GONE
         outcome = await asyncio.to_thread(lifecycle.graceful_stop, self.conn, ref.domain,
                                           grace_seconds, self.watcher)
+        await self.consoles.forget(ref)  # its last words, before its log goes
         if not self.cfg.simulated:
             await asyncio.to_thread(guestdisks.remove, self.cfg.disk_dir,
                                     converter_defaults.RUN_DIR, ref.namespace, ref.name,
@@ -481,7 +499,7 @@ class NodeAgent:
 
     async def report_domain(self, ref: VMIRef, phase: str, reason: str = "", *,
                             gone: bool = False, paused: bool = False,
-                            paused_reason: str = "") -> None:
+                            paused_reason: str = "", agent_connected: bool | None = None) -> None:
         """Report a guest's phase; a finished one is marked so first, never to launch again
         (a report lost after the mark is made again by the next start's reconcile)."""
         if phase in FINISHED:
@@ -489,9 +507,10 @@ class NodeAgent:
                              "recording a finished VMI")
         obs = DomainObservation(namespace=ref.namespace, name=ref.name, uid=ref.uid,
                                 phase=phase, reason=reason, gone=gone, paused=paused,
-                                paused_reason=paused_reason)
+                                paused_reason=paused_reason, agent_connected=agent_connected)
         self.log.info("observed", vmi=ref.name, namespace=ref.namespace, phase=phase,
-                      gone=gone, paused=paused, paused_reason=paused_reason, reason=reason)
+                      gone=gone, paused=paused, paused_reason=paused_reason, reason=reason,
+                      agent_connected=agent_connected)
         await self._report(NodeReport(id=str(uuid.uuid4()), node=self.cfg.node, kind="domain",
                                       domain=obs))
 
@@ -697,7 +716,8 @@ class NodeAgent:
             raise InvalidSpec("vmi", "a launch needs the VMI")
         spec, ctx = parse_manifest(vmi, domain_type=self.domain_type,
                                    disk_dir=self.cfg.disk_dir)
-        ctx = msgspec.structs.replace(ctx, serial_log=not self.cfg.simulated)
+        ctx = msgspec.structs.replace(ctx, serial_log=not self.cfg.simulated,
+                                      installation=self.cfg.prefix)
         xml = convert(spec, ctx)
         metrics_disks = downwardmetrics.disk_paths(spec, ctx)
         if not self.cfg.simulated:  # a real guest needs its disks; a simulated one opens none
@@ -715,6 +735,8 @@ class NodeAgent:
         except libvirt.libvirtError:
             await self._remove(ref)  # the launch fails: nothing of it stays
             raise
+        if not self.cfg.simulated:
+            await self.consoles.follow(ref)
         paused = (await asyncio.to_thread(dom.state))[0] == libvirt.VIR_DOMAIN_PAUSED
         await self._persist()
         await self.report_domain(ref, GuestPhase.RUNNING, "launched", paused=paused)
@@ -735,7 +757,7 @@ class NodeAgent:
             phase = verdict.phase
             if ref is None or phase is None or obs.cause is StopCause.REQUESTED:
                 continue  # not ours, no change, or a stop whose command reports it
-            reason = str(obs.cause or "")
+            reason = obs.reason
             with _serving(self.in_progress.get(ref.domain, "")):
                 try:
                     if phase is GuestPhase.RUNNING:
@@ -749,6 +771,30 @@ class NodeAgent:
                 except (TimeoutError, NatsError) as e:
                     self.log.warning("observation not reported", vmi=ref.name,
                                      namespace=ref.namespace, phase=phase, error=describe(e))
+
+    async def _report_agent_changes(self, changes: asyncio.Queue[AgentChange],
+                                    stop: asyncio.Event) -> None:
+        """Report each guest agent that connects or disconnects, with its guest's state now
+        (a guest that stopped meanwhile has its stop reported instead), while no node
+        command runs: a pause's report and this one say the same of the pause."""
+        while not stop.is_set():
+            try:
+                change = await asyncio.wait_for(changes.get(), 1.0)
+            except TimeoutError:
+                continue
+            ref = self.domains.get(change.name)
+            if ref is None:
+                continue
+            try:
+                async with self.busy:
+                    now = await asyncio.to_thread(running_verdict, self.conn, change.name)
+                    if now is not None:
+                        await self.report_domain(ref, GuestPhase.RUNNING, paused=now.paused,
+                                                 paused_reason=now.paused_reason,
+                                                 agent_connected=change.connected)
+            except (TimeoutError, NatsError, libvirt.libvirtError) as e:
+                self.log.warning("guest agent change not reported", vmi=ref.name,
+                                 namespace=ref.namespace, error=describe(e))
 
     # -- simulation --------------------------------------------------------------------
 
@@ -770,7 +816,7 @@ class NodeAgent:
         """The host's guests that belong to VMIs, as libvirt reports them now."""
         out = []
         for dom in self.conn.listAllDomains(0):
-            ref = vmi_of(dom)
+            ref = vmi_of(dom, self.cfg.prefix)
             if ref is not None:
                 out.append(DomainSummary(name=dom.name(), uid=ref.uid, state=dom.state()[0]))
         return out

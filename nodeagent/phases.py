@@ -80,6 +80,33 @@ class Observation(NamedTuple):
         """KubeVirt's Paused reason when the hypervisor paused the guest; '' otherwise."""
         return self.verdict.paused_reason
 
+    @property
+    def reason(self) -> str:
+        """Why the guest stopped, for its VMI's `status.reason`: the cause we recorded, else
+        what libvirt says of a stop nobody here asked for (`LIBVIRT_STOP_REASONS`)."""
+        if self.cause is not None:
+            return str(self.cause)
+        return LIBVIRT_STOP_REASONS.get((self.event, self.detail), "")
+
+
+LIBVIRT_STOP_REASONS = {
+    (libvirt.VIR_DOMAIN_EVENT_STOPPED, libvirt.VIR_DOMAIN_EVENT_STOPPED_SHUTDOWN):
+        str(StopCause.GUEST_SHUTDOWN),
+    (libvirt.VIR_DOMAIN_EVENT_STOPPED, libvirt.VIR_DOMAIN_EVENT_STOPPED_CRASHED):
+        str(StopCause.GUEST_CRASH),
+    (libvirt.VIR_DOMAIN_EVENT_STOPPED, libvirt.VIR_DOMAIN_EVENT_STOPPED_FAILED):
+        "QEMU ended unexpectedly (killed or failed)",
+    (libvirt.VIR_DOMAIN_EVENT_STOPPED, libvirt.VIR_DOMAIN_EVENT_STOPPED_DESTROYED):
+        "destroyed outside virtbus",
+    (libvirt.VIR_DOMAIN_EVENT_CRASHED, libvirt.VIR_DOMAIN_EVENT_CRASHED_PANICKED):
+        "guest panicked",
+    (libvirt.VIR_DOMAIN_EVENT_CRASHED, libvirt.VIR_DOMAIN_EVENT_CRASHED_CRASHLOADED):
+        "guest panicked (a crash kernel was loaded)",
+}
+"""What a lifecycle event (event, detail) nobody here caused says of why the guest stopped:
+libvirt's own words for a real host's guest powering off, crashing, or its QEMU process
+killed (libvirt reports a QEMU gone without a word as STOPPED, FAILED)."""
+
 
 class Verdict(NamedTuple):
     """What a domain's (state, reason) says of its guest, as a node reports it."""

@@ -244,6 +244,15 @@ def paused_condition(vmi: VirtualMachineInstanceView | None) -> list[dict[str, A
              "lastTransitionTime": iso(vmi.paused_at)}]
 
 
+def agent_connected_condition(vmi: VirtualMachineInstanceView) -> list[dict[str, Any]]:
+    """KubeVirt's `AgentConnected` condition, while the QEMU guest agent's channel is
+    connected."""
+    if vmi.agent_connected_at is None:
+        return []
+    return [{"type": "AgentConnected", "status": "True", "lastProbeTime": None,
+             "lastTransitionTime": iso(vmi.agent_connected_at)}]
+
+
 def pod_scheduled_condition(vmi: VirtualMachineInstanceView) -> list[dict[str, Any]]:
     """KubeVirt's copy of its launcher pod's `PodScheduled` condition, while no node fits."""
     if not vmi.unschedulable_message:
@@ -359,8 +368,9 @@ def render_vmi(vmi: VirtualMachineInstanceView, *, outdated: bool = False) -> di
             "type": "Ready",
             "status": "True" if vmi.phase == "Running" else "False",
             "lastTransitionTime": iso(vmi.updated_at),
-        }, *paused_condition(vmi), *pod_scheduled_condition(vmi),
-            *live_migratable_condition(vmi), *spec_honoured_condition(vmi)],
+        }, *paused_condition(vmi), *agent_connected_condition(vmi),
+            *pod_scheduled_condition(vmi), *live_migratable_condition(vmi),
+            *spec_honoured_condition(vmi)],
     }
     if vmi.node:
         status["nodeName"] = vmi.node

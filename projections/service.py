@@ -23,8 +23,11 @@ from events.messages import NODE_ACTOR_PREFIX
 from events.policy import Policy, Request, resource_of
 from events.query import (
     FORBIDDEN,
+    NOT_FOUND,
     TOO_MANY_REQUESTS,
     Answer,
+    ConsoleAnswer,
+    ConsoleQuery,
     HistoryAnswer,
     HistoryQuery,
     Query,
@@ -37,6 +40,7 @@ from events.streams import wait_for_streams
 from events.subjects import Layout
 from projections import audit, http
 from projections.cluster import ClusterState
+from projections.console import ConsoleRefused, console_page
 from projections.follower import follow, head, start_sequence_at
 from projections.hco import ALERTS_QUERY, METRICS_QUERY
 from projections.http import ANONYMOUS, StaticTokens
@@ -62,9 +66,12 @@ MALFORMED: Final = "malformed"
 """A query that does not decode, names no kind the read side serves, or no such verb."""
 FORBIDDEN_REASON: Final = "forbidden"
 """A query naming what the policy does not let the asker read."""
+NO_CONSOLE: Final = "no_console"
+"""A console query naming a VMI that is not there, or that runs on no node."""
 RATE_LIMITED: Final = "rate_limited"
 """An audit read past the asker's rate (`projections.ratelimit`)."""
-STATUS_REASONS: Final = {FORBIDDEN_REASON: FORBIDDEN, RATE_LIMITED: TOO_MANY_REQUESTS}
+STATUS_REASONS: Final = {FORBIDDEN_REASON: FORBIDDEN, RATE_LIMITED: TOO_MANY_REQUESTS,
+                          NO_CONSOLE: NOT_FOUND}
 """A refusal's Kubernetes Status reason, told to the asker in the answer."""
 TOO_MANY_REQUESTS_MESSAGE: Final = "Too many requests, please try again later."
 """kube-apiserver's words for a 429."""
@@ -227,12 +234,12 @@ class ReadService:
         with `error` (and `reason` `FORBIDDEN` for the policy's refusals, `TOO_MANY_REQUESTS`
         past the asker's audit reads), counted and logged, never a crash."""
         asker, verb = query_asker(self.layout, msg.subject)
-        answer_type: type[Answer | HistoryAnswer | WatchAnswer] = Answer
+        answer_type: type[Answer | HistoryAnswer | WatchAnswer | ConsoleAnswer] = Answer
         try:
             match verb:
                 case "get":
-                    answer: Answer | HistoryAnswer | WatchAnswer = await self._get(
-                        asker, msgspec.msgpack.decode(msg.data, type=Query))
+                    answer: Answer | HistoryAnswer | WatchAnswer | ConsoleAnswer = \
+                        await self._get(asker, msgspec.msgpack.decode(msg.data, type=Query))
                 case "history":
                     answer_type = HistoryAnswer
                     answer = await self._history(
@@ -241,6 +248,10 @@ class ReadService:
                     answer_type = WatchAnswer
                     answer = await self._watch(
                         asker, msgspec.msgpack.decode(msg.data, type=WatchQuery))
+                case "console":
+                    answer_type = ConsoleAnswer
+                    answer = await self._console(
+                        asker, msgspec.msgpack.decode(msg.data, type=ConsoleQuery))
                 case _:
                     raise Refused(MALFORMED, f"no such query verb {verb[:32]!r}")
         except (msgspec.DecodeError, Refused) as e:
@@ -322,6 +333,15 @@ class ReadService:
         changes, next_first = await audit.changes_from(self.nc, self.layout, query, first,
                                                        sight)
         return WatchAnswer(changes=changes, next=next_first)
+
+    async def _console(self, asker: str, query: ConsoleQuery) -> ConsoleAnswer:
+        if not query.namespace or not query.name:
+            raise Refused(MALFORMED, "name: a console names one VMI and its namespace")
+        try:
+            return await console_page(self.nc, self.layout, self.state, self.policy,
+                                      asker=asker, query=query)
+        except ConsoleRefused as e:
+            raise Refused(FORBIDDEN_REASON if e.forbidden else NO_CONSOLE, str(e)) from None
 
     async def listen(self) -> Subscription:
         """Start answering queries (on what the state holds, as it advances)."""

@@ -56,6 +56,7 @@ from events.vm import (
     VirtualMachineCreated,
     VirtualMachineDeleted,
     VirtualMachineInstanceAdopted,
+    VirtualMachineInstanceAgentConnected,
     VirtualMachineInstanceCreated,
     VirtualMachineInstanceDeleted,
     VirtualMachineInstanceDeletionRequested,
@@ -267,6 +268,8 @@ class VirtualMachineInstanceView(View):
         self.paused_reason = ""
         """Why the guest is paused (the Paused condition's reason); '' when it is not."""
         self.paused_at: datetime | None = None
+        self.agent_connected_at: datetime | None = None
+        """Since when the guest agent's channel is connected; None while it is not."""
         self.unschedulable_message = ""
         """Why no node fits (kube-scheduler's message) while Pending; '' otherwise."""
         self.unschedulable_at: datetime | None = None
@@ -321,6 +324,10 @@ class VirtualMachineInstanceView(View):
             case VirtualMachineInstanceReleased():
                 self.replica_set = ""
 
+    @property
+    def agent_connected(self) -> bool:
+        return self.agent_connected_at is not None
+
     def mutate(self, event: Event) -> None:
         match event:
             case VirtualMachineInstanceCreated(uid=uid, metadata=meta, spec=spec, owner=owner,
@@ -330,6 +337,7 @@ class VirtualMachineInstanceView(View):
                 self.replica_set = replica_set
                 self.created_at, self.deletion_requested_at = event.timestamp, None
                 self.transitions, self.paused_reason, self.paused_at = [], "", None
+                self.agent_connected_at = None
                 self.unschedulable_message, self.unschedulable_at = "", None
                 self.migration, self.evacuation_node = None, ""
                 self._phase("Pending", event.timestamp)
@@ -346,6 +354,7 @@ class VirtualMachineInstanceView(View):
                 self._phase(phase, event.timestamp)
                 if phase in TERMINAL_PHASES:
                     self.paused_reason, self.paused_at = "", None
+                    self.agent_connected_at = None
             case VirtualMachineInstancePaused(reason=reason):
                 self.paused_reason, self.paused_at = reason, event.timestamp
             case VirtualMachineInstanceUnpaused():
@@ -353,10 +362,21 @@ class VirtualMachineInstanceView(View):
             case (VirtualMachineInstanceRelabeled() | VirtualMachineInstanceAdopted()
                   | VirtualMachineInstanceReleased()):
                 self._claim(event)
+            case VirtualMachineInstanceAgentConnected(connected=connected):
+                self.agent_connected_at = event.timestamp if connected else None
             case VirtualMachineInstanceDeletionRequested(grace_period_seconds=grace):
                 self.deletion_requested_at, self.grace_period_seconds = event.timestamp, grace
             case VirtualMachineInstanceDeleted():
                 self.exists = False
+            case (VirtualMachineInstanceMigrationStarted() | VirtualMachineInstanceMigrated()
+                  | VirtualMachineInstanceMigrationFailed()):
+                self._migration(event)
+            case VirtualMachineInstanceEvacuationRequested(node=node):
+                self.evacuation_node = node
+
+    def _migration(self, event: Event) -> None:
+        """`status.migrationState`, and the node the guest is on once it moved."""
+        match event:
             case VirtualMachineInstanceMigrationStarted():
                 self.migration = MigrationState(
                     migration_uid=event.migration_uid, migration_name=event.migration_name,
@@ -378,8 +398,6 @@ class VirtualMachineInstanceView(View):
                 self.migration = msgspec.structs.replace(
                     self.migration, end=event.timestamp, failed=True, failure_reason=reason,
                     abort_status="Succeeded" if aborted else "")
-            case VirtualMachineInstanceEvacuationRequested(node=node):
-                self.evacuation_node = node
 
     def _phase(self, phase: str, at: datetime) -> None:
         self.phase = phase

@@ -23,7 +23,7 @@ from controlplane.controllers.dispatcher import WorkConsumers
 from events import authorization
 from events.authorization import ADMIN_USER, CONTROLPLANE_USER
 from events.connect import inbox_prefix
-from events.directget import read_all
+from events.directget import last_by_subject, read_all
 from events.messages import node_actor
 from events.query import Query, ask, query_subject
 from events.server import nats_server_binary
@@ -260,6 +260,32 @@ async def test_a_node_agent_takes_its_own_work_only(store: Store) -> None:
                            seq=1, direct=True))
     subject = query_subject(layout, node_actor("n2"))
     await _refused(refusals, subject, partial(n1.request, subject, b"", timeout=SHORT))
+
+
+async def test_a_node_publishes_its_own_consoles_and_only_the_read_service_reads_them(
+        store: Store) -> None:
+    """A console may show a guest's secrets: a node publishes (and reads back the end of)
+    its own guests' only; people, the operator too, read none of the stream directly (the
+    read service serves them as the policy says, `projections.console`)."""
+    layout = store.layout
+    own, other = (layout.console_subject(n, "default", "web", "u1") for n in ("n1", "n2"))
+    n1, refusals = await store.connect("node-n1")
+    js = n1.jetstream(timeout=2)
+    assert (await js.publish(own, b"login: ")).stream == layout.console_stream
+    last = await last_by_subject(n1, layout.console_stream, own)
+    assert last is not None and last.data == b"login: "
+    await _refused(refusals, other, partial(js.publish, other, b"", timeout=SHORT))
+    subject = f"$JS.API.DIRECT.GET.{layout.console_stream}.{other}"
+    await _refused(refusals, subject, partial(n1.request, subject, b"", timeout=SHORT))
+    assert store.read_service is not None
+    [read] = await read_all(store.read_service, layout.console_stream, own)
+    assert read.data == b"login: "
+    for user in ("operator", "alice"):
+        nc, refused = await store.connect(user)
+        subject = f"$JS.API.DIRECT.GET.{layout.console_stream}"
+        await _refused(refused, subject,
+                       partial(nc.jetstream(timeout=SHORT).get_msg, layout.console_stream,
+                               seq=1, direct=True))
 
 
 async def test_the_operator_drives_a_simulated_host(store: Store) -> None:

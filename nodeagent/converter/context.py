@@ -38,6 +38,9 @@ class ConverterContext(msgspec.Struct, frozen=True, kw_only=True):
     memfd: bool = True
     serial_log: bool = False
     """Log the serial console to a file beside its socket (`console.SERIAL_LOG`)."""
+    installation: str = ""
+    """The launching agent's installation (its prefix), kept in the domain's metadata: an
+    agent takes only its own installation's domains for its own; '' names none."""
 
     @property
     def domain_name(self) -> str:

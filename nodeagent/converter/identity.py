@@ -34,4 +34,6 @@ def configure_identity(spec: VMISpecLike, ctx: ConverterContext, domain: Element
         # The agent finds the VMI of a domain here after a restart, even when the domain
         # uuid is the guest's firmware.uuid rather than the VMI's uid.
         metadata = sub(domain, "metadata")
-        sub(metadata, VMI_METADATA_TAG, uid=ctx.uid, namespace=ctx.namespace, name=ctx.name)
+        installation = {"installation": ctx.installation} if ctx.installation else {}
+        sub(metadata, VMI_METADATA_TAG, uid=ctx.uid, namespace=ctx.namespace, name=ctx.name,
+            **installation)

@@ -24,11 +24,14 @@ from controlplane.controllers.hco import HCOController
 from events.api import hco_defaults
 from events.api.resources import KVM_DEVICE, TUN_DEVICE
 from events.messages import Command, DomainObservation, NodeCommand, SimRequest, node_actor
+from events.query import Query, ask
 from events.streams import ensure_all
 from events.subjects import Layout
 from nodeagent import lifecycle
 from nodeagent.agent import AgentConfig, NodeAgent, VMIRef
+from nodeagent.converter import convert
 from nodeagent.defaults import DOMAIN_MISSING_REASON
+from nodeagent.domxml import parse_manifest
 from nodeagent.downwardmetrics import DISK_SIZE, Metric, MetricsDiskError, read_disk
 from nodeagent.lifecycle import SimulationRefused
 from projections.cluster import ClusterState
@@ -83,6 +86,26 @@ async def test_restart_neither_loses_nor_duplicates_guests(
     finally:
         lifecycle.graceful_stop(second.agent.conn, kept.domain, 0, second.agent.watcher)
         await second.close()
+
+
+async def test_another_installations_guest_on_the_host_is_left_alone(
+        cluster: Cluster, nats_url: str, conn: libvirt.virConnect) -> None:
+    """Two installations (prefixes) sharing a host: neither adopts nor removes the other's
+    guests, which its cluster never placed there."""
+    ref = VMIRef(cluster.namespace, "theirs", str(uuid.uuid4()))
+    vmi = cluster.launch(ref).vmi
+    assert vmi is not None
+    spec, ctx = parse_manifest(vmi, domain_type="test")
+    dom = conn.defineXML(convert(spec, msgspec.structs.replace(ctx, installation="another")))
+    dom.create()
+    running = await start(cluster, nats_url)
+    try:
+        assert ref.domain not in running.agent.domains
+        assert conn.lookupByName(ref.domain).isActive(), "another installation's guest removed"
+    finally:
+        await running.close()
+        dom.destroy()
+        dom.undefine()
 
 
 async def test_a_host_kept_in_a_file_outlives_its_agent(
@@ -215,3 +238,28 @@ async def test_a_downward_metrics_disk_is_written_at_launch_and_refreshed(
         assert second.agent.metrics_disks == {}
     finally:
         await second.close()
+
+
+async def test_a_guest_agent_connecting_is_the_vmis_agentconnected_condition(
+        cluster: Cluster) -> None:
+    """What the agent reports of the guest agent's channel (`DomainObservation.
+    agent_connected`) is KubeVirt's AgentConnected condition while it is open, and only
+    while the guest runs; a report that does not say leaves it as it is."""
+    ref = await cluster.placed("agented")
+
+    async def observe(phase: str, connected: bool | None) -> list[str]:
+        seen = DomainObservation(namespace=ref.namespace, name=ref.name, uid=ref.uid,
+                                 phase=phase, agent_connected=connected)
+        result = await cluster.run("VirtualMachineInstance", "observe", ref.name,
+                                   msgspec.to_builtins(seen), actor=node_actor(cluster.node))
+        answer = await ask(cluster.nc, cluster.layout, Query(
+            kind="VirtualMachineInstance", namespace=ref.namespace, name=ref.name,
+            after=result.events[-1][0] if result.events else 0), "user:test")
+        return [c["type"] for c in answer.items[0]["status"]["conditions"]]
+
+    assert "AgentConnected" not in await observe("Running", None)
+    assert "AgentConnected" in await observe("Running", True)
+    assert "AgentConnected" in await observe("Running", None)
+    assert "AgentConnected" not in await observe("Running", False)
+    assert "AgentConnected" in await observe("Running", True)
+    assert "AgentConnected" not in await observe("Failed", True)

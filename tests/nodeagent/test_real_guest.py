@@ -1,14 +1,11 @@
 """A real guest, booted by a real node agent on `qemu:///system` (libvirtd, QEMU under the
 hypervisor the agent's probe chose: TCG on a host whose KVM runs no guest).
 
-The guest is the host's own kernel (`kernelBoot`, from the image store) with a busybox
-initramfs whose init prints the first bytes of its containerDisk (a copy-on-write overlay
-on an image imported into the store) and the user-data of its NoCloud ISO on the serial
-console, says it is ready once it listens to the ACPI power button, and powers off when
-the button is pressed. The test reads the serial
-console log, stops the VMI gracefully (the guest hears the button: `ShutDown`, not
-`Destroyed`), and sees every file the agent made for the guest gone. A missing image fails
-the launch with its reason and defines nothing.
+The guest (`tests.realhost`) prints the first bytes of its containerDisk (a copy-on-write
+overlay on an image imported into the store) and the user-data of its NoCloud ISO on the
+serial console. The test reads the serial console log, stops the VMI gracefully (the guest
+hears the button: `ShutDown`, not `Destroyed`), and sees every file the agent made for the
+guest gone. A missing image fails the launch with its reason and defines nothing.
 
 What it needs (QEMU, libvirt, qemu-img, a kernel, busybox-static) `./dev test` installs; a
 host without it fails here with what to install, never skips.
@@ -18,16 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import libvirt
 import pytest
@@ -38,120 +34,23 @@ from events.messages import NodeCommand, NodeReport
 from nodeagent.converter import defaults as converter_defaults
 from nodeagent.converter.console import SERIAL_LOG
 from nodeagent.imagestore import ImageStore
-from nodeagent.virterror import quiet_libvirt_errors
 from tests.nodeagent.helpers import Cluster, Running, next_report, start
 from tests.nodeagent.test_work import publish, worked_through
-from tests.realhost import QEMU, QEMU_IMG, require
+from tests.realhost import (
+    BOOT_DEADLINE_SECONDS,
+    BOOT_IMAGE,
+    DISK_IMAGE,
+    DISK_MARKER,
+    STOP_GRACE_SECONDS,
+    URI,
+    guest_files,
+    guest_spec,
+    libvirtd,
+)
 
-URI = "qemu:///system"
-BOOT_DEADLINE_SECONDS = 60.0
-"""A deadline, not a measure: the guest prints its lines in some 3 s under TCG."""
-STOP_GRACE_SECONDS = 60
-"""The stop's grace period: the guest powers off on the ACPI button long before."""
-DISK_IMAGE = "virtbus.test/disk:1"
-BOOT_IMAGE = "virtbus.test/boot:1"
-DISK_MARKER = b"virtbus-disk-marker"
-MODULES = [  # in load order: virtio disks, the ISO file system, the ACPI power button
-    "drivers/virtio/virtio_ring.ko", "drivers/virtio/virtio.ko",
-    "drivers/virtio/virtio_pci_legacy_dev.ko", "drivers/virtio/virtio_pci_modern_dev.ko",
-    "drivers/virtio/virtio_pci.ko", "drivers/block/virtio_blk.ko", "drivers/cdrom/cdrom.ko",
-    "fs/isofs/isofs.ko", "drivers/acpi/button.ko", "drivers/input/evdev.ko"]
-INIT = """#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin
-mkdir -p /proc /sys /dev /mnt
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
-for module in /modules/*.ko; do insmod "$module"; done
-echo "virtbus-guest: init started"
-for disk in /dev/vd?; do
-    if mount -t iso9660 -o ro "$disk" /mnt 2>/dev/null; then
-        echo "virtbus-guest: user-data: $(cat /mnt/user-data)"
-    else
-        echo "virtbus-guest: disk: $(head -c MARKER_LENGTH "$disk")"
-    fi
-done
-fd=3
-for device in /sys/class/input/event*; do  # ACPI may give more than one: any will do
-    if [ "$(cat "$device/device/name")" = "Power Button" ]; then
-        eval "exec $fd<\"/dev/input/${device##*/}\""  # open before "ready": no press lost
-        (head -c 1 <&$fd >/dev/null; echo "virtbus-guest: power button"; poweroff -f) &
-        fd=$((fd + 1))
-    fi
-done
-echo "virtbus-guest: ready"
-wait
-""".replace("MARKER_LENGTH", str(len(DISK_MARKER)))
+__all__ = ["guest_files", "libvirtd"]  # fixtures, used by name
 
-
-def _installed(package: str) -> bool:
-    done = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True,
-                          text=True, check=False)
-    return done.stdout.endswith(" installed")
-
-
-@pytest.fixture(scope="module")
-def libvirtd() -> None:
-    """qemu:///system answering: libvirtd and virtlogd started as daemons if they are not
-    (there may be no init system to start them)."""
-    require(QEMU, "qemu-system-x86")
-    require(QEMU_IMG, "qemu-utils")
-    quiet_libvirt_errors()
-    with contextlib.suppress(libvirt.libvirtError):
-        libvirt.open(URI).close()
-        return
-    for daemon in ("virtlogd", "libvirtd"):
-        program = shutil.which(daemon) or shutil.which(daemon, path="/usr/sbin")
-        if program is None:
-            pytest.fail(f"{daemon} is not installed: apt-get install libvirt-daemon-system "
-                        "(./dev test installs it)", pytrace=False)
-        subprocess.run([program, "-d"], check=True)
-    deadline = time.monotonic() + BOOT_DEADLINE_SECONDS
-    while True:
-        try:
-            libvirt.open(URI).close()
-            return
-        except libvirt.libvirtError:
-            if time.monotonic() > deadline:
-                raise
-        time.sleep(0.1)  # retry backoff while libvirtd starts
-
-
-@pytest.fixture(scope="module")
-def guest_files() -> Iterator[Path]:
-    """A directory the qemu user can read, with the kernel, an initramfs and a disk."""
-    kernels = sorted(glob.glob("/boot/vmlinuz-*"))
-    if not kernels:
-        pytest.fail("no kernel in /boot: apt-get install linux-image-cloud-amd64 "
-                    "(./dev test installs it)", pytrace=False)
-    if not _installed("busybox-static"):
-        pytest.fail("apt-get install busybox-static (./dev test installs it)", pytrace=False)
-    kernel = kernels[-1]
-    modules = Path("/lib/modules", kernel.removeprefix("/boot/vmlinuz-"), "kernel")
-    base = Path(tempfile.mkdtemp(prefix="virtbus-real-guest-", dir="/var/tmp"))
-    base.chmod(0o755)
-    try:
-        root = base / "initramfs"
-        (root / "bin").mkdir(parents=True)
-        (root / "modules").mkdir()
-        shutil.copy("/bin/busybox", root / "bin" / "busybox")
-        for index, module in enumerate(MODULES):
-            shutil.copy(modules / module, root / "modules" / f"{index:02d}-{Path(module).name}")
-        (root / "init").write_text(INIT)
-        (root / "init").chmod(0o755)
-        names = subprocess.run(["find", "."], cwd=root, check=True, capture_output=True).stdout
-        with open(base / "initrd.img", "wb") as initrd:
-            subprocess.run(["cpio", "--quiet", "-o", "-H", "newc"], cwd=root, input=names,
-                           stdout=initrd, check=True)
-        shutil.copy(kernel, base / "vmlinuz")
-        disk = base / "disk.raw"
-        subprocess.run([QEMU_IMG, "create", "-q", "-f", "raw", str(disk), "1M"], check=True)
-        with open(disk, "r+b") as raw:
-            raw.write(DISK_MARKER)
-        yield base
-    finally:
-        shutil.rmtree(base)
+SETUP_HOST = Path(__file__).resolve().parents[2] / "deploy" / "realhost" / "setup-host"
 
 
 @pytest.fixture
@@ -179,23 +78,6 @@ async def real_agent(libvirtd: None, guest_files: Path, cluster: Cluster,
         conn.close()
         shutil.rmtree(host)
         shutil.rmtree(Path(converter_defaults.RUN_DIR, cluster.namespace), ignore_errors=True)
-
-
-def _spec(disk_image: str, user_data: str) -> dict[str, Any]:
-    return {
-        "domain": {
-            "firmware": {"kernelBoot": {
-                "kernelArgs": "console=ttyS0 panic=-1 quiet",
-                "container": {"image": BOOT_IMAGE, "kernelPath": "/boot/vmlinuz",
-                              "initrdPath": "/boot/initrd.img"}}},
-            "devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}},
-                                  {"name": "cidata", "disk": {"bus": "virtio"}}]},
-            "resources": {"requests": {"memory": "256Mi"}},
-        },
-        "terminationGracePeriodSeconds": STOP_GRACE_SECONDS,
-        "volumes": [{"name": "root", "containerDisk": {"image": disk_image}},
-                    {"name": "cidata", "cloudInitNoCloud": {"userData": user_data}}],
-    }
 
 
 async def _console_line(log: Path, text: str, running: Running) -> str:
@@ -228,7 +110,7 @@ async def test_a_real_guest_boots_reads_its_disks_and_stops_on_acpi(
     running, host = real_agent
     reports = await _reports(cluster)
     user_data = f"hello-{uuid.uuid4().hex[:8]}"
-    spec = _spec(DISK_IMAGE, user_data)
+    spec = guest_spec(DISK_IMAGE, user_data)
     ref = await cluster.placed("guest", spec)
     await publish(cluster, cluster.launch(ref, spec))
     await next_report(reports, _domain_report(ref.name, "Running"))
@@ -257,7 +139,7 @@ async def test_a_missing_image_fails_the_launch_and_defines_nothing(
         cluster: Cluster, real_agent: tuple[Running, Path]) -> None:
     running, host = real_agent
     reports = await _reports(cluster)
-    spec = _spec("virtbus.test/missing:1", "unused")
+    spec = guest_spec("virtbus.test/missing:1", "unused")
     ref = await cluster.placed("lost", spec)
     await worked_through(cluster, running, await publish(cluster, cluster.launch(ref, spec)))
     report = await next_report(reports, _domain_report(ref.name, "Failed"))
@@ -269,3 +151,36 @@ async def test_a_missing_image_fails_the_launch_and_defines_nothing(
     assert ref.domain not in {d.name for d in running.agent.summaries()}
     assert not (host / "disks" / ref.namespace / ref.name).exists()
     assert not os.path.exists(Path(converter_defaults.RUN_DIR, ref.namespace, ref.name))
+
+
+async def test_a_real_guest_whose_qemu_is_killed_fails_with_the_reason(
+        cluster: Cluster, real_agent: tuple[Running, Path]) -> None:
+    running, host = real_agent
+    reports = await _reports(cluster)
+    spec = guest_spec(DISK_IMAGE, "unused")
+    ref = await cluster.placed("killed", spec)
+    await publish(cluster, cluster.launch(ref, spec))
+    await next_report(reports, _domain_report(ref.name, "Running"))
+    log = Path(converter_defaults.RUN_DIR, ref.namespace, ref.name, SERIAL_LOG)
+    await _console_line(log, "virtbus-guest: ready", running)
+
+    pid = int(Path("/run/libvirt/qemu", f"{ref.domain}.pid").read_text().strip())
+    os.kill(pid, signal.SIGKILL)
+    failed = await next_report(reports, _domain_report(ref.name, "Failed"))
+    assert failed.domain is not None
+    assert (failed.domain.reason, failed.domain.gone) == (
+        "QEMU ended unexpectedly (killed or failed)", True)
+    assert ref.domain not in {d.name for d in running.agent.summaries()}
+    assert not (host / "disks" / ref.namespace / ref.name).exists()
+
+
+def test_setting_up_a_ready_host_again_changes_nothing(libvirtd: None) -> None:
+    """`./dev real-host`'s script on a host it made ready (or the fixture did): it installs
+    and starts nothing, and says the host answers."""
+    done = subprocess.run([str(SETUP_HOST)], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert "installing" not in done.stderr and "starting" not in done.stderr, done.stderr
+    assert f"ready: {URI} answers" in done.stderr
+    assert all(Path(d).is_dir() for d in ("/var/lib/virtbus/images", "/var/lib/virtbus/disks",
+                                          converter_defaults.RUN_DIR))

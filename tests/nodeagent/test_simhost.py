@@ -55,7 +55,7 @@ def test_a_saved_host_comes_back_with_its_guests(tmp_path: Path) -> None:
         assert found["transient"].state()[0] == libvirt.VIR_DOMAIN_RUNNING
         assert not found["transient"].isPersistent()
         assert found["running"].isPersistent()
-        assert vmi_of(found["paused"]) == VMIRef("ns", "paused", "uid-paused")
+        assert vmi_of(found["paused"], "virtbus") == VMIRef("ns", "paused", "uid-paused")
     finally:
         again.close()
 
