@@ -9,7 +9,11 @@ from __future__ import annotations
 from typing import Any, Final, Literal
 
 from events.api.base import ObjectMeta
-from events.api.vm import VirtualMachineInstanceSpec, VirtualMachineSpec
+from events.api.vm import (
+    VirtualMachineInstanceNetworkInterface,
+    VirtualMachineInstanceSpec,
+    VirtualMachineSpec,
+)
 from events.codec import Event, event_type
 
 VM_KIND: Final = "vm"
@@ -174,3 +178,10 @@ class VirtualMachineInstancePaused(Event, frozen=True, kw_only=True):
 @event_type("VirtualMachineInstanceUnpaused")
 class VirtualMachineInstanceUnpaused(Event, frozen=True, kw_only=True):
     """The node confirmed the guest runs again: the Paused condition is gone."""
+
+
+@event_type("VirtualMachineInstanceInterfacesReported")
+class VirtualMachineInstanceInterfacesReported(Event, frozen=True, kw_only=True):
+    """The node's view of the guest's network interfaces changed: `status.interfaces`."""
+
+    interfaces: list[VirtualMachineInstanceNetworkInterface]

@@ -75,12 +75,13 @@ from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped, unless_s
 from events.api.hco_defaults import KUBEVIRT_MIN_CPU_MODEL
 from events.api.resources import vmi_resources
 from events.api.validation import START_PAUSED
-from events.api.vm import VirtualMachineInstanceSpec
+from events.api.vm import VirtualMachineInstanceNetworkInterface, VirtualMachineInstanceSpec
 from events.connect import Access, connect
 from events.errors import InvalidSpec, VirtbusError
 from events.messages import (
     DomainObservation,
     DomainSummary,
+    InterfacesObservation,
     NodeCommand,
     NodeReport,
     SimReply,
@@ -98,13 +99,17 @@ from nodeagent.converter.context import DomainType, domain_name
 from nodeagent.converter.identity import VMI_METADATA_TAG
 from nodeagent.defaults import (
     AGENT_VERSION,
+    BRIDGE,
     DEVICE_PLUGIN_CAPACITY,
     DOMAIN_MISSING_REASON,
     DOWNWARD_METRICS_INTERVAL_SECONDS,
     FETCH_WAIT_SECONDS,
     HYPERVISOR_PROBE_SECONDS,
     IMAGE_DIR,
+    INTERFACES_POLL_SECONDS,
     MIGRATION_REPORT_INTERVAL_SECONDS,
+    NETWORK_DIR,
+    POD_SUBNET,
     READ_SERVICE_RETRY_SECONDS,
     READ_SERVICE_WAIT_SECONDS,
     REDISCOVERY_INTERVAL_SECONDS,
@@ -120,6 +125,8 @@ from nodeagent.hostpaths import HostPathError
 from nodeagent.hypervisor import Hypervisor, HypervisorChoice, guest_owner, kvm_runs_guests
 from nodeagent.imagestore import ImageStore
 from nodeagent.migrating import Migrations
+from nodeagent.network.node import NodeNetwork, host_interfaces, parse_subnet
+from nodeagent.network.tools import NetworkError
 from nodeagent.phases import GuestPhase, Observation, StopCause, judge
 from nodeagent.simhost import TEST_DEFAULT_URI, for_agent
 from nodeagent.virterror import quiet_libvirt_errors
@@ -189,6 +196,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     """A simulated host's CPUs (`nodeagent fleet --cpu`); 0 keeps the test driver's."""
     sim_memory: int = 0
     """A simulated host's memory in bytes (`nodeagent fleet --memory`); 0 keeps the driver's."""
+    bridge: str = BRIDGE
+    """A real host's guests' bridge (`nodeagent.network`)."""
+    pod_subnet: str = POD_SUBNET
+    network_dir: str = NETWORK_DIR
 
     @property
     def simulated(self) -> bool:
@@ -245,6 +256,8 @@ class NodeAgent:
                                          cpus=cfg.sim_cpus, memory_bytes=cfg.sim_memory)
         self.migrations = Migrations(self)
         self.images = ImageStore(cfg.image_dir)
+        self.network = None if cfg.simulated else NodeNetwork(
+            cfg.bridge, parse_subnet(cfg.pod_subnet), cfg.network_dir)
 
     # -- start-up ----------------------------------------------------------------------
 
@@ -277,6 +290,9 @@ class NodeAgent:
                 return
             self.worklog = opened.result()
             await self._adopt_domains()
+            if self.network is not None:
+                await asyncio.to_thread(self.network.start,
+                                        {ref.uid for ref in self.domains.values()})
             await self.migrations.resume()
             await self.report_host(force=True)
             sim = await self.nc.subscribe(self.layout.agent_subject(self.cfg.node, "sim"),
@@ -288,7 +304,7 @@ class NodeAgent:
                 self.started.set()
                 await asyncio.gather(self._consume(stop), self._pump(observations, stop),
                                      self._rediscover(stop), self._refresh_metrics(stop),
-                                     self.migrations.serve(stop))
+                                     self.migrations.serve(stop), self._report_interfaces(stop))
             await heartbeat
             await sim.unsubscribe()
         finally:
@@ -422,6 +438,8 @@ class NodeAgent:
             await asyncio.to_thread(guestdisks.remove, self.cfg.disk_dir,
                                     converter_defaults.RUN_DIR, ref.namespace, ref.name,
                                     ref.uid)
+        if self.network is not None:
+            await asyncio.to_thread(self.network.detach, ref.uid)
         self.ledger.release(ref.uid)
         self.domains.pop(ref.domain, None)
         self.metrics_disks.pop(ref.domain, None)
@@ -503,6 +521,28 @@ class NodeAgent:
                                       domain=obs))
 
     # -- loops -------------------------------------------------------------------------
+
+    async def _report_interfaces(self, stop: asyncio.Event) -> None:
+        """Report each guest's interfaces when they change (its DHCP lease taken, above all),
+        looking every `INTERFACES_POLL_SECONDS`; a real host's only."""
+        network = self.network
+        if network is None:
+            return
+        reported: dict[str, list[VirtualMachineInstanceNetworkInterface]] = {}
+        while not stop.is_set():
+            for ref in list(self.domains.values()):
+                now = await asyncio.to_thread(network.statuses, ref.uid)
+                if now and reported.get(ref.uid) != now:
+                    await self._report(NodeReport(
+                        id=str(uuid.uuid4()), node=self.cfg.node, kind="interfaces",
+                        interfaces=InterfacesObservation(namespace=ref.namespace, name=ref.name,
+                                                         uid=ref.uid, interfaces=now)))
+                    self.log.info("interfaces observed", vmi=ref.name, namespace=ref.namespace,
+                                  interfaces=[(i.name, i.mac, i.ip_address) for i in now])
+                    reported[ref.uid] = now
+            for uid in set(reported) - {ref.uid for ref in self.domains.values()}:
+                del reported[uid]
+            await pause_unless_stopped(stop, INTERFACES_POLL_SECONDS)
 
     async def _rediscover(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -707,7 +747,9 @@ class NodeAgent:
             raise InvalidSpec("vmi", "a launch needs the VMI")
         spec, ctx = parse_manifest(vmi, domain_type=self.domain_type,
                                    disk_dir=self.cfg.disk_dir)
-        ctx = msgspec.structs.replace(ctx, serial_log=not self.cfg.simulated)
+        ctx = msgspec.structs.replace(
+            ctx, serial_log=not self.cfg.simulated,
+            host_interfaces=() if self.network is None else host_interfaces(ref.uid, spec))
         xml = convert(spec, ctx)
         metrics_disks = downwardmetrics.disk_paths(spec, ctx)
         if not self.cfg.simulated:  # a real guest needs its disks; a simulated one opens none
@@ -720,9 +762,11 @@ class NodeAgent:
         if metrics_disks:
             self.metrics_disks[ref.domain] = metrics_disks
         try:
+            if self.network is not None:
+                await asyncio.to_thread(self.network.attach, ref, spec)
             dom = await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml,
                                           paused=spec.start_strategy == START_PAUSED)
-        except libvirt.libvirtError:
+        except (libvirt.libvirtError, NetworkError):
             await self._remove(ref)  # the launch fails: nothing of it stays
             raise
         paused = (await asyncio.to_thread(dom.state))[0] == libvirt.VIR_DOMAIN_PAUSED
