@@ -11,7 +11,11 @@ import json
 from pathlib import Path
 from typing import Final
 
+import structlog
+
 from nodeagent.network.tools import run
+
+log = structlog.get_logger(__name__)
 
 TAP_ALIAS_PREFIX: Final = "virtbus "
 IP_FORWARD: Final = Path("/proc/sys/net/ipv4/ip_forward")
@@ -29,13 +33,19 @@ def exists(name: str) -> bool:
 
 def ensure_bridge(name: str, gateway: ipaddress.IPv4Interface) -> None:
     """The bridge, up, with the gateway's address (the guests' default route); made if it is
-    missing, left as it is if it is there. IPv4 forwarding is turned on, as for any router."""
+    missing, left as it is if it is there. IPv4 forwarding is turned on, as for any router
+    (libvirt's NAT networks do the same)."""
     if not exists(name):
         run("ip", "link", "add", name, "type", "bridge")
     run("ip", "addr", "replace", str(gateway), "dev", name)
     run("ip", "link", "set", name, "up")
-    if IP_FORWARD.read_text().strip() != "1":
+    if IP_FORWARD.read_text().strip() == "1":
+        return
+    try:
         IP_FORWARD.write_text("1\n")
+    except OSError as e:  # a read-only /proc/sys (a container): the node answers, no further
+        log.warning("IPv4 forwarding is off and cannot be turned on: guests reach this node "
+                    "only", error=str(e))
 
 
 def ensure_tap(name: str, bridge: str, uid: str) -> None:

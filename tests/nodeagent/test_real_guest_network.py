@@ -373,3 +373,23 @@ async def test_a_guest_kept_across_an_agent_restart_keeps_its_network(
         assert masquerade.masqueraded(net_host.bridge) == []
     finally:
         await again.close()
+
+
+async def test_an_interface_the_node_cannot_give_fails_the_launch_and_makes_nothing(
+        cluster: Cluster, net_host: Host, nats_url: str) -> None:
+    running = await start(cluster, nats_url, **net_host.options())
+    try:
+        reports = await _reports(cluster)
+        spec = _spec("masquerade")
+        spec["networks"] = [{"name": "default", "multus": {"networkName": "fast"}}]
+        ref = await cluster.placed("multus", spec)
+        await publish(cluster, cluster.launch(ref, spec))
+        failed = await reports.wait("multus failed", _phase(ref.name, "Failed"), running)
+        assert failed.domain is not None
+        assert failed.domain.reason == (
+            "launch failed: spec.networks[0]: this node has only the pod network")
+        assert ref.domain not in {d.name for d in running.agent.summaries()}
+        assert links.taps_on(net_host.bridge) == {}
+        assert not (net_host.network_dir / net_host.bridge / "nics.json").exists()
+    finally:
+        await running.close()
