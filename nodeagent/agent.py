@@ -106,7 +106,6 @@ from nodeagent.defaults import (
     FETCH_WAIT_SECONDS,
     HYPERVISOR_PROBE_SECONDS,
     IMAGE_DIR,
-    INTERFACES_POLL_SECONDS,
     MIGRATION_REPORT_INTERVAL_SECONDS,
     NETWORK_DIR,
     POD_SUBNET,
@@ -304,7 +303,7 @@ class NodeAgent:
                 self.started.set()
                 await asyncio.gather(self._consume(stop), self._pump(observations, stop),
                                      self._rediscover(stop), self._refresh_metrics(stop),
-                                     self.migrations.serve(stop), self._report_interfaces(stop))
+                                     self.migrations.serve(stop), self._watch_interfaces(stop))
             await heartbeat
             await sim.unsubscribe()
         finally:
@@ -522,27 +521,19 @@ class NodeAgent:
 
     # -- loops -------------------------------------------------------------------------
 
-    async def _report_interfaces(self, stop: asyncio.Event) -> None:
-        """Report each guest's interfaces when they change (its DHCP lease taken, above all),
-        looking every `INTERFACES_POLL_SECONDS`; a real host's only."""
-        network = self.network
-        if network is None:
-            return
-        reported: dict[str, list[VirtualMachineInstanceNetworkInterface]] = {}
-        while not stop.is_set():
-            for ref in list(self.domains.values()):
-                now = await asyncio.to_thread(network.statuses, ref.uid)
-                if now and reported.get(ref.uid) != now:
-                    await self._report(NodeReport(
-                        id=str(uuid.uuid4()), node=self.cfg.node, kind="interfaces",
-                        interfaces=InterfacesObservation(namespace=ref.namespace, name=ref.name,
-                                                         uid=ref.uid, interfaces=now)))
-                    self.log.info("interfaces observed", vmi=ref.name, namespace=ref.namespace,
-                                  interfaces=[(i.name, i.mac, i.ip_address) for i in now])
-                    reported[ref.uid] = now
-            for uid in set(reported) - {ref.uid for ref in self.domains.values()}:
-                del reported[uid]
-            await pause_unless_stopped(stop, INTERFACES_POLL_SECONDS)
+    async def _watch_interfaces(self, stop: asyncio.Event) -> None:
+        """A real host's guests' interfaces, reported as they change (`nodeagent.network`)."""
+        if self.network is not None:
+            await self.network.watch(stop, self.domains.values, self.report_interfaces)
+
+    async def report_interfaces(self, ref: VMIRef,
+                                interfaces: list[VirtualMachineInstanceNetworkInterface]) -> None:
+        self.log.info("interfaces observed", vmi=ref.name, namespace=ref.namespace,
+                      interfaces=[(i.name, i.mac, i.ip_address) for i in interfaces])
+        await self._report(NodeReport(
+            id=str(uuid.uuid4()), node=self.cfg.node, kind="interfaces",
+            interfaces=InterfacesObservation(namespace=ref.namespace, name=ref.name,
+                                             uid=ref.uid, interfaces=interfaces)))
 
     async def _rediscover(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -18,16 +18,20 @@ none of it: the bridge and dnsmasq are made at the first launch that needs them.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import re
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 
+from events.aio import pause_unless_stopped
 from events.api.vm import INFO_SOURCE_DOMAIN, VirtualMachineInstanceNetworkInterface
 from events.errors import InvalidSpec
 from nodeagent.converter.context import HostInterface
+from nodeagent.defaults import INTERFACES_POLL_SECONDS
 from nodeagent.network import links, masquerade
 from nodeagent.network.dhcp import Dnsmasq, read_leases
 from nodeagent.network.nics import NicTable, derived_mac, pod_interfaces, tap_name
@@ -142,3 +146,20 @@ class NodeNetwork:
                 name=nic.interface, mac=nic.mac, ip_address=ip, ip_addresses=[ip] if ip else [],
                 info_source=INFO_SOURCE_DOMAIN))
         return out
+
+    async def watch(self, stop: asyncio.Event, guests: Callable[[], Iterable[VMIRef]],
+                    report: Callable[[VMIRef, list[VirtualMachineInstanceNetworkInterface]],
+                                     Awaitable[None]]) -> None:
+        """Report each guest's interfaces when they change (its lease taken, above all),
+        looking every `INTERFACES_POLL_SECONDS`; a restarted agent reports them once again."""
+        reported: dict[str, list[VirtualMachineInstanceNetworkInterface]] = {}
+        while not stop.is_set():
+            here = list(guests())
+            for ref in here:
+                now = await asyncio.to_thread(self.statuses, ref.uid)
+                if now and reported.get(ref.uid) != now:
+                    await report(ref, now)
+                    reported[ref.uid] = now
+            for uid in set(reported) - {ref.uid for ref in here}:
+                del reported[uid]
+            await pause_unless_stopped(stop, INTERFACES_POLL_SECONDS)

@@ -183,15 +183,17 @@ def _spec(binding: str) -> dict[str, Any]:
     }
 
 
-async def _until(what: str, check: Callable[[], Any], running: Running) -> Any:
-    """`check()`'s first truthy answer, polled until the deadline (the agent must live)."""
+async def _until(what: str, check: Callable[[], Any], running: Running,
+                 context: Callable[[], str] = str) -> Any:
+    """`check()`'s first truthy answer, polled until the deadline (the agent must live);
+    else a failure that says what, and `context()`."""
     deadline = time.monotonic() + DEADLINE_SECONDS
     while time.monotonic() < deadline:
         assert not running.task.done(), "the agent ended"
         if found := check():
             return found
         await asyncio.sleep(0.1)  # poll interval of host state and console logs
-    raise AssertionError(f"not within {DEADLINE_SECONDS} s: {what}")
+    raise AssertionError(f"not within {DEADLINE_SECONDS} s: {what}\n{context()}")
 
 
 def _console(name: str, namespace: str) -> str:
@@ -205,7 +207,8 @@ async def _guest_address(name: str, namespace: str, running: Running) -> tuple[s
         console = _console(name, namespace)
         assert "no DHCP lease" not in console, console
         return ADDRESS_LINE.search(console)
-    found = await _until(f"{name} prints its DHCP address", printed, running)
+    found = await _until(f"{name} prints its DHCP address", printed, running,
+                         lambda: _console(name, namespace))
     return found.group(1), found.group(2)
 
 
