@@ -164,7 +164,9 @@ async def net_host(libvirtd: None, net_guest_files: Path,  # noqa: F811 (the fix
         for tap in links.taps_on(host.bridge):
             links.delete(tap)
         links.delete(host.bridge)
-        masquerade.apply(host.bridge, _gateway(host.subnet).network, [])
+        table = f"ip {masquerade.table_name(host.bridge)}"  # by hand: the code may be wrong
+        subprocess.run(["nft", "-f", "-"], input=f"add table {table}\ndelete table {table}\n",
+                       text=True, check=True)
         shutil.rmtree(root)
         shutil.rmtree(Path(converter_defaults.RUN_DIR, cluster.namespace), ignore_errors=True)
 
