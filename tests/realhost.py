@@ -1,8 +1,9 @@
 """What tests of real guests need from the host, found or failed for loudly.
 
 `./dev test` installs it (qemu-system-x86, qemu-utils, libvirt-daemon-system, a kernel,
-busybox-static). A test that lacks it fails with what to install: a skip would stand in
-for work nobody checked.
+busybox-static; iproute2, dnsmasq-base, dnsmasq-utils and nftables for guest networking). A
+test that lacks it fails with what to install: a skip would stand in for work nobody
+checked.
 """
 
 from __future__ import annotations
