@@ -85,6 +85,10 @@ class NicTable:
             self.nics = msgspec.json.decode(path.read_bytes(), type=list[GuestNic])
         except FileNotFoundError:
             self.nics = []
+        except msgspec.DecodeError as e:  # guessing would unplug running guests: refuse
+            raise NetworkError(f"{path} is not a list of guest interfaces ({e}); repair or "
+                               "remove it (then every guest's tap on the bridge is removed)"
+                               ) from None
 
     def of(self, uid: str) -> list[GuestNic]:
         return [nic for nic in self.nics if nic.uid == uid]

@@ -111,3 +111,9 @@ def test_bad_network_options_are_refused_naming_the_rule(check: Any, text: str,
                                                          rule: str) -> None:
     with pytest.raises(InvalidSpec, match=rule):
         check(text)
+
+
+def test_an_unreadable_table_is_refused_rather_than_guessed(tmp_path: Path) -> None:
+    (tmp_path / "nics.json").write_text('[{"uid": 1}]')
+    with pytest.raises(NetworkError, match=r"nics\.json is not a list of guest interfaces"):
+        NicTable(tmp_path / "nics.json", SUBNET)
