@@ -37,6 +37,7 @@ from nodeagent.hypervisor import HYPERVISOR_CHOICES
 from nodeagent.imagestore import DISK_DIR_IN_IMAGE, ImageStore
 from nodeagent.lifecycle import SimulationRefused
 from nodeagent.network.node import check_bridge, parse_subnet
+from nodeagent.network.tools import NetworkError
 from nodeagent.simhost import TEST_DEFAULT_URI
 
 
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                       network_dir=args.network_dir)
     try:
         agent = NodeAgent(cfg)
-    except SimulationRefused as e:
+    except (SimulationRefused, NetworkError) as e:
         parser.error(str(e))
     return _serve_until_stopped(agent)
 
