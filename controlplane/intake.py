@@ -338,6 +338,12 @@ def report_command(report: NodeReport) -> Command | None:
                            verb="observe", namespace=obs.namespace, name=obs.name,
                            manifest=msgspec.to_builtins(obs),
                            correlation_id=report.correlation_id)
+        case "interfaces" if report.interfaces is not None:
+            seen_nics = report.interfaces
+            return Command(id=command_id, actor=actor, kind="VirtualMachineInstance",
+                           verb="observe-interfaces", namespace=seen_nics.namespace,
+                           name=seen_nics.name, manifest=msgspec.to_builtins(seen_nics),
+                           correlation_id=report.correlation_id)
         case "migration" if report.migration is not None:
             seen = report.migration  # named by its VMI: the VMI knows its migration
             return Command(id=command_id, actor=actor, kind="VirtualMachineInstanceMigration",

@@ -4,6 +4,7 @@ soft-reboot of a VMI or of a VM's VMI, as virtctl does) and from controllers and
 
 from __future__ import annotations
 
+import ipaddress
 import uuid
 
 import msgspec
@@ -18,9 +19,13 @@ from controlplane.preset.commands import fill, presets_in
 from controlplane.vm_commands import KIND as VM_KIND_NAME
 from controlplane.vm_commands import load_vm
 from events.api.base import ObjectMeta
-from events.api.vm import VirtualMachineInstance, VirtualMachineInstanceSpec
+from events.api.vm import (
+    VirtualMachineInstance,
+    VirtualMachineInstanceNetworkInterface,
+    VirtualMachineInstanceSpec,
+)
 from events.errors import InvalidSpec
-from events.messages import DomainObservation, node_actor
+from events.messages import DomainObservation, InterfacesObservation, node_actor
 from events.nodes import NODE_KIND
 from events.preset import VirtualMachineInstancePresetConflicted
 from events.subjects import aggregate_id
@@ -32,6 +37,7 @@ from events.vm import (
     VirtualMachineInstanceCreated,
     VirtualMachineInstanceDeleted,
     VirtualMachineInstanceDeletionRequested,
+    VirtualMachineInstanceInterfacesReported,
     VirtualMachineInstanceNodeAction,
     VirtualMachineInstancePaused,
     VirtualMachineInstancePhaseChanged,
@@ -209,17 +215,24 @@ def request_deletion(d: Decision, vmi: Aggregate[VirtualMachineInstanceView],
         d.trigger(vmi, VirtualMachineInstanceDeleted)
 
 
-@handles(KIND, "observe", internal=True)
-def observe(d: Decision) -> None:
-    """A node's report of a domain, turned into phase changes and final deletion."""
-    obs = d.body(DomainObservation)
+def reported_vmi(d: Decision, uid: str) -> Aggregate[VirtualMachineInstanceView]:
+    """The VMI instance a node's report is about, which must run on the reporting node."""
     vmi = load_vmi(d)
     state = vmi.state
-    if not vmi.exists or state.uid != obs.uid:
+    if not vmi.exists or state.uid != uid:
         raise Rejected("stale report: no such VMI instance")
     if d.command.actor != node_actor(state.node):
         raise Rejected(f"{d.command.actor} reported a VMI that runs on node {state.node!r}",
                        "node")
+    return vmi
+
+
+@handles(KIND, "observe", internal=True)
+def observe(d: Decision) -> None:
+    """A node's report of a domain, turned into phase changes and final deletion."""
+    obs = d.body(DomainObservation)
+    vmi = reported_vmi(d, obs.uid)
+    state = vmi.state
     if obs.gone:
         if state.phase not in TERMINAL_PHASES:
             asked = state.deletion_requested_at is not None
@@ -238,6 +251,34 @@ def observe(d: Decision) -> None:
     connected = obs.agent_connected
     if state.phase == "Running" and connected is not None and connected != state.agent_connected:
         d.trigger(vmi, VirtualMachineInstanceAgentConnected, connected=connected)
+
+
+def _check_addresses(interfaces: list[VirtualMachineInstanceNetworkInterface]) -> None:
+    """A report's addresses are IP addresses, `ipAddress` the first of `ipAddresses`."""
+    for index, interface in enumerate(interfaces):
+        at = f"manifest.interfaces[{index}]"
+        for n, address in enumerate(interface.ip_addresses):
+            try:
+                ipaddress.ip_address(address)
+            except ValueError:
+                raise InvalidSpec(f"{at}.ipAddresses[{n}]",
+                                  f"{address!r} is not an IP address") from None
+        first = interface.ip_addresses[0] if interface.ip_addresses else ""
+        if interface.ip_address != first:
+            raise InvalidSpec(f"{at}.ipAddress", "must be the first of ipAddresses")
+
+
+@handles(KIND, "observe-interfaces", internal=True)
+def observe_interfaces(d: Decision) -> None:
+    """A node's report of a guest's interfaces: `status.interfaces` when they changed, while
+    the guest is not finished."""
+    obs = d.body(InterfacesObservation)
+    _check_addresses(obs.interfaces)
+    vmi = reported_vmi(d, obs.uid)
+    if vmi.state.phase in TERMINAL_PHASES:
+        raise Rejected("the VMI is finished: its interfaces are no longer reported")
+    if obs.interfaces != vmi.state.interfaces:
+        d.trigger(vmi, VirtualMachineInstanceInterfacesReported, interfaces=obs.interfaces)
 
 
 # -- guest actions: the node does them, its observation confirms them ------------------------

@@ -15,6 +15,7 @@ from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 
+from events.api.vm import VirtualMachineInstanceNetworkInterface
 from events.codec import Event, event_type
 from events.errors import InvalidSpec
 from events.subjects import aggregate_id, encode_token
@@ -223,7 +224,7 @@ class NodeCommand(msgspec.Struct, frozen=True, kw_only=True):
     correlation_id: str = ""
 
 
-ReportKind = Literal["node", "domain", "migration"]
+ReportKind = Literal["node", "domain", "migration", "interfaces"]
 
 
 class DomainObservation(msgspec.Struct, frozen=True, kw_only=True):
@@ -243,6 +244,16 @@ class DomainObservation(msgspec.Struct, frozen=True, kw_only=True):
     agent_connected: bool | None = None
     """The QEMU guest agent's channel is connected (libvirt's agent lifecycle event), where
     the report says; None: this report does not say."""
+
+
+class InterfacesObservation(msgspec.Struct, frozen=True, kw_only=True):
+    """A guest's network interfaces as its node knows them now (name and MAC from the domain,
+    the address from the node's DHCP lease): the whole list, each time it changes."""
+
+    namespace: str
+    name: str
+    uid: str
+    interfaces: list[VirtualMachineInstanceNetworkInterface]
 
 
 MigrationState = Literal["target-ready", "running", "progress", "converged", "failed"]
@@ -273,6 +284,7 @@ class NodeReport(msgspec.Struct, frozen=True, kw_only=True):
     info: dict[str, Any] | None = None
     domain: DomainObservation | None = None
     migration: MigrationObservation | None = None
+    interfaces: InterfacesObservation | None = None
     correlation_id: str = ""
     """The request whose node work this report answers ("" for what the host did alone)."""
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 from typing import Any, Final, Literal
 
 from events.api.base import ObjectMeta
-from events.api.vm import VirtualMachineInstanceSpec, VirtualMachineSpec
+from events.api.vm import (
+    VirtualMachineInstanceNetworkInterface,
+    VirtualMachineInstanceSpec,
+    VirtualMachineSpec,
+)
 from events.codec import Event, event_type
 
 VM_KIND: Final = "vm"
@@ -204,3 +208,10 @@ class VirtualMachineInstanceAgentConnected(Event, frozen=True, kw_only=True):
     KubeVirt's `AgentConnected` condition is True while it is connected."""
 
     connected: bool
+
+
+@event_type("VirtualMachineInstanceInterfacesReported")
+class VirtualMachineInstanceInterfacesReported(Event, frozen=True, kw_only=True):
+    """The node's view of the guest's network interfaces changed: `status.interfaces`."""
+
+    interfaces: list[VirtualMachineInstanceNetworkInterface]

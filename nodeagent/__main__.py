@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -18,10 +19,13 @@ from nodeagent.agent import AgentConfig, NodeAgent
 from nodeagent.converter import defaults
 from nodeagent.defaults import (
     AGENT_VERSION,
+    BRIDGE,
     DEVICE_PLUGIN_CAPACITY,
     HYPERVISOR_PROBE_SECONDS,
     IMAGE_DIR,
     MIGRATION_REPORT_INTERVAL_SECONDS,
+    NETWORK_DIR,
+    POD_SUBNET,
     REDISCOVERY_INTERVAL_SECONDS,
     SIMULATED_BANDWIDTH_BYTES_PER_SECOND,
     SIMULATED_DIRTY_RATE_BYTES_PER_SECOND,
@@ -32,6 +36,8 @@ from nodeagent.fleet import Fleet, FleetConfig
 from nodeagent.hypervisor import HYPERVISOR_CHOICES
 from nodeagent.imagestore import DISK_DIR_IN_IMAGE, ImageStore
 from nodeagent.lifecycle import SimulationRefused
+from nodeagent.network.node import check_bridge, parse_subnet
+from nodeagent.network.tools import NetworkError
 from nodeagent.simhost import TEST_DEFAULT_URI
 
 
@@ -62,6 +68,16 @@ def _positive_seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0: {text!r}")
     return value
+
+
+def _checked(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """`parse` for argparse: its refusal (naming the rule) becomes argparse's message."""
+    def checked(text: str) -> object:
+        try:
+            return parse(text)
+        except InvalidSpec as e:
+            raise argparse.ArgumentTypeError(e.rule) from None
+    return checked
 
 
 def _count(text: str) -> int:
@@ -162,6 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hypervisor-probe-timeout", type=_positive_seconds,
                    default=HYPERVISOR_PROBE_SECONDS, metavar="S",
                    help="seconds the KVM probe guest has to reach long mode")
+    p.add_argument("--bridge", type=_checked(check_bridge), default=BRIDGE,
+                   help="real hosts: the bridge the agent puts its guests' taps on")
+    p.add_argument("--pod-subnet", type=_checked(parse_subnet), default=POD_SUBNET,
+                   metavar="CIDR", help="real hosts: the guests' IPv4 subnet on the bridge "
+                                        "(the gateway is its first address)")
+    p.add_argument("--network-dir", default=NETWORK_DIR, metavar="DIR",
+                   help="real hosts: where the guests' interfaces and dnsmasq's files are kept")
     f = sub.add_parser("fleet", help="run many simulated nodes in one process")
     f.add_argument("--nodes", type=_count, required=True, help="how many nodes")
     f.add_argument("--first", type=_count, default=1,
@@ -214,10 +237,12 @@ def main(argv: list[str] | None = None) -> int:
                       sim_dirty_rate=args.sim_dirty_rate,
                       migration_report_seconds=args.migration_report_interval,
                       hypervisor=args.hypervisor,
-                      hypervisor_probe_seconds=args.hypervisor_probe_timeout)
+                      hypervisor_probe_seconds=args.hypervisor_probe_timeout,
+                      bridge=args.bridge, pod_subnet=str(args.pod_subnet),
+                      network_dir=args.network_dir)
     try:
         agent = NodeAgent(cfg)
-    except SimulationRefused as e:
+    except (SimulationRefused, NetworkError) as e:
         parser.error(str(e))
     return _serve_until_stopped(agent)
 

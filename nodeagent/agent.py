@@ -74,12 +74,13 @@ from events.aio import claimed, pause_unless_stopped, unless_stopped
 from events.api.hco_defaults import KUBEVIRT_MIN_CPU_MODEL
 from events.api.resources import vmi_resources
 from events.api.validation import START_PAUSED
-from events.api.vm import VirtualMachineInstanceSpec
+from events.api.vm import VirtualMachineInstanceNetworkInterface, VirtualMachineInstanceSpec
 from events.connect import Access, connect
 from events.errors import InvalidSpec, VirtbusError
 from events.messages import (
     DomainObservation,
     DomainSummary,
+    InterfacesObservation,
     NodeCommand,
     NodeReport,
     SimReply,
@@ -98,6 +99,7 @@ from nodeagent.converter.context import DomainType, domain_name
 from nodeagent.converter.identity import VMI_METADATA_TAG
 from nodeagent.defaults import (
     AGENT_VERSION,
+    BRIDGE,
     DEVICE_PLUGIN_CAPACITY,
     DOMAIN_MISSING_REASON,
     DOWNWARD_METRICS_INTERVAL_SECONDS,
@@ -105,6 +107,8 @@ from nodeagent.defaults import (
     HYPERVISOR_PROBE_SECONDS,
     IMAGE_DIR,
     MIGRATION_REPORT_INTERVAL_SECONDS,
+    NETWORK_DIR,
+    POD_SUBNET,
     READ_SERVICE_RETRY_SECONDS,
     READ_SERVICE_WAIT_SECONDS,
     REDISCOVERY_INTERVAL_SECONDS,
@@ -120,6 +124,8 @@ from nodeagent.hostpaths import HostPathError
 from nodeagent.hypervisor import Hypervisor, HypervisorChoice, guest_owner, kvm_runs_guests
 from nodeagent.imagestore import ImageStore
 from nodeagent.migrating import Migrations
+from nodeagent.network.node import NodeNetwork, host_interfaces, parse_subnet
+from nodeagent.network.tools import NetworkError
 from nodeagent.phases import GuestPhase, Observation, StopCause, judge
 from nodeagent.simhost import TEST_DEFAULT_URI, for_agent
 from nodeagent.virterror import quiet_libvirt_errors
@@ -189,6 +195,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     """A simulated host's CPUs (`nodeagent fleet --cpu`); 0 keeps the test driver's."""
     sim_memory: int = 0
     """A simulated host's memory in bytes (`nodeagent fleet --memory`); 0 keeps the driver's."""
+    bridge: str = BRIDGE
+    """A real host's guests' bridge (`nodeagent.network`)."""
+    pod_subnet: str = POD_SUBNET
+    network_dir: str = NETWORK_DIR
 
     @property
     def simulated(self) -> bool:
@@ -242,6 +252,8 @@ class NodeAgent:
                                          cpus=cfg.sim_cpus, memory_bytes=cfg.sim_memory)
         self.migrations = Migrations(self)
         self.images = ImageStore(cfg.image_dir)
+        self.network = None if cfg.simulated else NodeNetwork(
+            cfg.bridge, parse_subnet(cfg.pod_subnet), cfg.network_dir)
 
     # -- start-up ----------------------------------------------------------------------
 
@@ -279,6 +291,9 @@ class NodeAgent:
                 return
             self.worklog = opened.result()
             await self._adopt_domains()
+            if self.network is not None:
+                await asyncio.to_thread(self.network.start,
+                                        {ref.uid for ref in self.domains.values()})
             await self.migrations.resume()
             await self.report_host(force=True)
             sim = await self.nc.subscribe(self.layout.agent_subject(self.cfg.node, "sim"),
@@ -291,7 +306,8 @@ class NodeAgent:
                 await asyncio.gather(self._consume(stop), self._pump(observations, stop),
                                      self._rediscover(stop), self._refresh_metrics(stop),
                                      self.migrations.serve(stop), self.consoles.serve(stop),
-                                     self._report_agent_changes(agent_changes, stop))
+                                     self._report_agent_changes(agent_changes, stop),
+                                     self._watch_interfaces(stop))
             await heartbeat
             await sim.unsubscribe()
         finally:
@@ -433,6 +449,8 @@ class NodeAgent:
             await asyncio.to_thread(guestdisks.remove, self.cfg.disk_dir,
                                     converter_defaults.RUN_DIR, ref.namespace, ref.name,
                                     ref.uid)
+        if self.network is not None:
+            await asyncio.to_thread(self.network.detach, ref.uid)
         self.ledger.release(ref.uid)
         self.domains.pop(ref.domain, None)
         self.metrics_disks.pop(ref.domain, None)
@@ -515,6 +533,20 @@ class NodeAgent:
                                       domain=obs))
 
     # -- loops -------------------------------------------------------------------------
+
+    async def _watch_interfaces(self, stop: asyncio.Event) -> None:
+        """A real host's guests' interfaces, reported as they change (`nodeagent.network`)."""
+        if self.network is not None:
+            await self.network.watch(stop, self.domains.values, self.report_interfaces)
+
+    async def report_interfaces(self, ref: VMIRef,
+                                interfaces: list[VirtualMachineInstanceNetworkInterface]) -> None:
+        self.log.info("interfaces observed", vmi=ref.name, namespace=ref.namespace,
+                      interfaces=[(i.name, i.mac, i.ip_address) for i in interfaces])
+        await self._report(NodeReport(
+            id=str(uuid.uuid4()), node=self.cfg.node, kind="interfaces",
+            interfaces=InterfacesObservation(namespace=ref.namespace, name=ref.name,
+                                             uid=ref.uid, interfaces=interfaces)))
 
     async def _rediscover(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -716,8 +748,9 @@ class NodeAgent:
             raise InvalidSpec("vmi", "a launch needs the VMI")
         spec, ctx = parse_manifest(vmi, domain_type=self.domain_type,
                                    disk_dir=self.cfg.disk_dir)
-        ctx = msgspec.structs.replace(ctx, serial_log=not self.cfg.simulated,
-                                      installation=self.cfg.prefix)
+        ctx = msgspec.structs.replace(
+            ctx, serial_log=not self.cfg.simulated, installation=self.cfg.prefix,
+            host_interfaces=() if self.network is None else host_interfaces(ref.uid, spec))
         xml = convert(spec, ctx)
         metrics_disks = downwardmetrics.disk_paths(spec, ctx)
         if not self.cfg.simulated:  # a real guest needs its disks; a simulated one opens none
@@ -730,9 +763,11 @@ class NodeAgent:
         if metrics_disks:
             self.metrics_disks[ref.domain] = metrics_disks
         try:
+            if self.network is not None:
+                await asyncio.to_thread(self.network.attach, ref, spec)
             dom = await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml,
                                           paused=spec.start_strategy == START_PAUSED)
-        except libvirt.libvirtError:
+        except (libvirt.libvirtError, NetworkError):
             await self._remove(ref)  # the launch fails: nothing of it stays
             raise
         if not self.cfg.simulated:

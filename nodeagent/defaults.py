@@ -57,3 +57,13 @@ FLEET_LIBVIRT_THREADS: Final = 16
 call is short, and a node's calls take turns on its own connection anyway)."""
 FLEET_RESTART_SECONDS: Final = 1.0
 """How long a fleet waits before it starts again a node agent that failed."""
+BRIDGE: Final = "vb-br0"
+"""The bridge a real host's guests are on (`--bridge`; `nodeagent.network`)."""
+POD_SUBNET: Final = "10.0.2.0/24"
+"""The guests' subnet on the bridge (`--pod-subnet`): the gateway is its first address, the
+first guest gets the second, 10.0.2.1 and 10.0.2.2 as in KubeVirt's masquerade binding."""
+NETWORK_DIR: Final = "/var/lib/virtbus/network"
+"""Where the agent keeps each bridge's guest interfaces and its dnsmasq's files
+(`<dir>/<bridge>/`)."""
+INTERFACES_POLL_SECONDS: Final = 1.0
+"""How often the agent looks at the DHCP leases for guests' addresses to report."""

@@ -378,6 +378,8 @@ def render_vmi(vmi: VirtualMachineInstanceView, *, outdated: bool = False) -> di
         status["migrationState"] = render_migration_state(vmi.migration)
     if vmi.evacuation_node:
         status["evacuationNodeName"] = vmi.evacuation_node
+    if vmi.interfaces:
+        status["interfaces"] = msgspec.to_builtins(vmi.interfaces)
     if vmi.reason:
         status["reason"] = vmi.reason
     return {

@@ -30,7 +30,11 @@ from events.api.scheduling import (
     TAINT_UNSCHEDULABLE,
     Taint,
 )
-from events.api.vm import VirtualMachineInstanceSpec, VirtualMachineSpec
+from events.api.vm import (
+    VirtualMachineInstanceNetworkInterface,
+    VirtualMachineInstanceSpec,
+    VirtualMachineSpec,
+)
 from events.codec import Event
 from events.instancetype import VirtualMachineRevisionsPinned
 from events.migration import (
@@ -60,6 +64,7 @@ from events.vm import (
     VirtualMachineInstanceCreated,
     VirtualMachineInstanceDeleted,
     VirtualMachineInstanceDeletionRequested,
+    VirtualMachineInstanceInterfacesReported,
     VirtualMachineInstancePaused,
     VirtualMachineInstancePhaseChanged,
     VirtualMachineInstanceRelabeled,
@@ -278,6 +283,8 @@ class VirtualMachineInstanceView(View):
         """`status.evacuationNodeName`: a drain wants the VMI off that node."""
         self.launcher_version = ""
         """The agent version that launched the guest (or took it in by migration)."""
+        self.interfaces: list[VirtualMachineInstanceNetworkInterface] = []
+        """`status.interfaces`, as the node last reported them."""
 
     @property
     def migration_target(self) -> str:
@@ -340,6 +347,7 @@ class VirtualMachineInstanceView(View):
                 self.agent_connected_at = None
                 self.unschedulable_message, self.unschedulable_at = "", None
                 self.migration, self.evacuation_node = None, ""
+                self.interfaces = []
                 self._phase("Pending", event.timestamp)
             case VirtualMachineInstanceUnschedulable(message=message):
                 if not self.unschedulable_message:
@@ -364,6 +372,8 @@ class VirtualMachineInstanceView(View):
                 self._claim(event)
             case VirtualMachineInstanceAgentConnected(connected=connected):
                 self.agent_connected_at = event.timestamp if connected else None
+            case VirtualMachineInstanceInterfacesReported(interfaces=interfaces):
+                self.interfaces = interfaces
             case VirtualMachineInstanceDeletionRequested(grace_period_seconds=grace):
                 self.deletion_requested_at, self.grace_period_seconds = event.timestamp, grace
             case VirtualMachineInstanceDeleted():

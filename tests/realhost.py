@@ -2,8 +2,9 @@
 they boot.
 
 `./dev test` installs it (qemu-system-x86, qemu-utils, libvirt-daemon-system, a kernel,
-busybox-static). A test that lacks it fails with what to install: a skip would stand in
-for work nobody checked.
+busybox-static; iproute2, dnsmasq-base, dnsmasq-utils and nftables for guest networking). A
+test that lacks it fails with what to install: a skip would stand in for work nobody
+checked.
 
 The guest is the host's own kernel (`kernelBoot`, from the image store) with a busybox
 initramfs whose init prints the first bytes of its containerDisk and the user-data of its
@@ -99,6 +100,40 @@ def installed(package: str) -> bool:
     return done.stdout.endswith(" installed")
 
 
+def host_kernel() -> tuple[Path, Path]:
+    """The newest kernel in /boot and its modules' directory (`.../kernel`)."""
+    kernels = sorted(glob.glob("/boot/vmlinuz-*"))
+    if not kernels:
+        pytest.fail("no kernel in /boot: apt-get install linux-image-cloud-amd64 "
+                    "(./dev test installs it)", pytrace=False)
+    kernel = kernels[-1]
+    return Path(kernel), Path("/lib/modules", kernel.removeprefix("/boot/vmlinuz-"), "kernel")
+
+
+def busybox_initramfs(target: Path, init: str, modules: list[str],
+                      files: dict[str, str] | None = None) -> None:
+    """A cpio initramfs at `target`: static busybox, `init`, the host kernel's `modules` (paths
+    under its modules' directory, copied to /modules in load order) and executable `files`
+    (path in the initramfs: content)."""
+    if not installed("busybox-static"):
+        pytest.fail("apt-get install busybox-static (./dev test installs it)", pytrace=False)
+    _, module_dir = host_kernel()
+    root = target.parent / (target.name + ".root")
+    (root / "bin").mkdir(parents=True)
+    (root / "modules").mkdir()
+    shutil.copy("/bin/busybox", root / "bin" / "busybox")
+    for index, module in enumerate(modules):
+        shutil.copy(module_dir / module, root / "modules" / f"{index:02d}-{Path(module).name}")
+    for path, content in {"init": init, **(files or {})}.items():
+        (root / path).write_text(content)
+        (root / path).chmod(0o755)
+    names = subprocess.run(["find", "."], cwd=root, check=True, capture_output=True).stdout
+    with open(target, "wb") as initrd:
+        subprocess.run(["cpio", "--quiet", "-o", "-H", "newc"], cwd=root, input=names,
+                       stdout=initrd, check=True)
+    shutil.rmtree(root)
+
+
 @pytest.fixture(scope="module")
 def libvirtd() -> None:
     """qemu:///system answering: libvirtd and virtlogd started as daemons if they are not
@@ -130,29 +165,11 @@ def libvirtd() -> None:
 @pytest.fixture(scope="module")
 def guest_files() -> Iterator[Path]:
     """A directory the qemu user can read, with the kernel, an initramfs and a disk."""
-    kernels = sorted(glob.glob("/boot/vmlinuz-*"))
-    if not kernels:
-        pytest.fail("no kernel in /boot: apt-get install linux-image-cloud-amd64 "
-                    "(./dev test installs it)", pytrace=False)
-    if not installed("busybox-static"):
-        pytest.fail("apt-get install busybox-static (./dev test installs it)", pytrace=False)
-    kernel = kernels[-1]
-    modules = Path("/lib/modules", kernel.removeprefix("/boot/vmlinuz-"), "kernel")
+    kernel, _ = host_kernel()
     base = Path(tempfile.mkdtemp(prefix="virtbus-real-guest-", dir="/var/tmp"))
     base.chmod(0o755)
     try:
-        root = base / "initramfs"
-        (root / "bin").mkdir(parents=True)
-        (root / "modules").mkdir()
-        shutil.copy("/bin/busybox", root / "bin" / "busybox")
-        for index, module in enumerate(MODULES):
-            shutil.copy(modules / module, root / "modules" / f"{index:02d}-{Path(module).name}")
-        (root / "init").write_text(INIT)
-        (root / "init").chmod(0o755)
-        names = subprocess.run(["find", "."], cwd=root, check=True, capture_output=True).stdout
-        with open(base / "initrd.img", "wb") as initrd:
-            subprocess.run(["cpio", "--quiet", "-o", "-H", "newc"], cwd=root, input=names,
-                           stdout=initrd, check=True)
+        busybox_initramfs(base / "initrd.img", INIT, MODULES)
         shutil.copy(kernel, base / "vmlinuz")
         disk = base / "disk.raw"
         subprocess.run([QEMU_IMG, "create", "-q", "-f", "raw", str(disk), "1M"], check=True)

@@ -123,3 +123,22 @@ class VirtualMachineInstance(ApiStruct):
     api_version: str = API_VERSION
     kind: Literal["VirtualMachineInstance"] = "VirtualMachineInstance"
     status: dict[str, Any] | None = None
+
+
+INFO_SOURCE_DOMAIN: Final = "domain"
+"""KubeVirt's `infoSource` for what the node knows without asking the guest (its domain,
+and here its DHCP lease); `guest-agent` is what the guest agent says."""
+
+
+class VirtualMachineInstanceNetworkInterface(ApiStruct):
+    """One entry of a VMI's `status.interfaces`, in KubeVirt's shape (`ipAddress` is always
+    the first of `ipAddresses`)."""
+
+    name: str = ""
+    """The spec interface's (and its network's) name."""
+    mac: str = ""
+    ip_address: str = ""
+    ip_addresses: list[str] = []
+    interface_name: str = ""
+    """The guest's own name for it (`eth0`): only a guest agent knows."""
+    info_source: str = ""

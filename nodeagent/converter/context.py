@@ -20,6 +20,14 @@ def domain_name(namespace: str, name: str) -> str:
     return f"{namespace}_{name}"
 
 
+class HostInterface(msgspec.Struct, frozen=True, kw_only=True):
+    """The host side of one spec interface on a real host: the tap the agent made for it and
+    its MAC (`nodeagent.network`)."""
+
+    tap: str
+    mac: str
+
+
 class ConverterContext(msgspec.Struct, frozen=True, kw_only=True):
     """Per-launch inputs that the VMI spec does not carry.
 
@@ -41,6 +49,9 @@ class ConverterContext(msgspec.Struct, frozen=True, kw_only=True):
     installation: str = ""
     """The launching agent's installation (its prefix), kept in the domain's metadata: an
     agent takes only its own installation's domains for its own; '' names none."""
+    host_interfaces: tuple[HostInterface, ...] = ()
+    """Per spec interface, by index; none: KubeVirt's in-pod `tap<index>` and the spec's MAC
+    (libvirt makes one up where it gives none)."""
 
     @property
     def domain_name(self) -> str:

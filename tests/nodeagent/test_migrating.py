@@ -275,6 +275,7 @@ async def test_a_source_killed_mid_transfer_reports_it_failed_when_back(
     forgets it; its work item, redelivered or not, starts nothing again."""
     reports = await reports_of(pair.source)
     ref = await pair.source.placed("killed")
+    await pair.source.consumers.ensure(pair.source.node)  # as the control plane does
     process = agent_process(pair, tmp_path / "agent.log")
     try:
         await next_report(reports, lambda r: r.kind == "node" and r.node == pair.source.node)
