@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 
@@ -184,6 +184,14 @@ SIMULATED_DIRTY_RATE_ANNOTATION: Final = "virtbus.io/simulated-dirty-rate"
 migration (a quantity per second, e.g. `64Mi`); absent: the agent's default."""
 
 
+MigrationAddress = Annotated[str, msgspec.Meta(
+    max_length=253,
+    pattern=r"^$|^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$|^[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*$")]
+"""Where a target listens for a migration (KubeVirt's `migrationState.targetNodeAddress`): a
+host name, an IPv4 or an IPv6 address; '' when it did not say. Checked when a message is
+decoded, as it becomes part of the URIs a source's libvirt connects to."""
+
+
 class MigrationOrder(msgspec.Struct, frozen=True, kw_only=True):
     """One migration as both of its agents need it; limits from the effective KubeVirt
     configuration when the target was chosen (`0` bandwidth: unlimited)."""
@@ -199,6 +207,8 @@ class MigrationOrder(msgspec.Struct, frozen=True, kw_only=True):
     """completionTimeoutPerGiB times the guest's memory in GiB; 0: none."""
     allow_post_copy: bool = False
     allow_auto_converge: bool = False
+    target_address: MigrationAddress = ""
+    """Where the target listens, as its agent reported it ready: set on `migrate`."""
 
 
 class NodeCommand(msgspec.Struct, frozen=True, kw_only=True):
@@ -257,6 +267,8 @@ class MigrationObservation(msgspec.Struct, frozen=True, kw_only=True):
     data_processed: int = 0
     data_remaining: int = 0
     reason: str = ""
+    target_address: MigrationAddress = ""
+    """With `target-ready` on a real hypervisor: where the source is to send the guest."""
 
 
 class NodeReport(msgspec.Struct, frozen=True, kw_only=True):

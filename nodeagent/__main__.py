@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
+import msgspec
+
 from events.api.resources import quantity
 from events.connect import NATS_FAILURES, Access, add_arguments, stopped_by
 from events.errors import InvalidSpec
 from events.logs import configure
+from events.messages import MigrationAddress
 from nodeagent.agent import AgentConfig, NodeAgent
 from nodeagent.converter import defaults
 from nodeagent.defaults import (
@@ -62,6 +65,15 @@ def _positive_seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0: {text!r}")
     return value
+
+
+def _migration_address(text: str) -> str:
+    """A host name or an IP address, as the migration protocol carries it, for argparse."""
+    try:
+        return msgspec.convert(text, MigrationAddress)
+    except msgspec.ValidationError:
+        raise argparse.ArgumentTypeError(f"not a host name or an IP address: {text!r}") \
+            from None
 
 
 def _count(text: str) -> int:
@@ -156,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--migration-report-interval", type=_positive_seconds,
                    default=MIGRATION_REPORT_INTERVAL_SECONDS, metavar="S",
                    help="seconds between a migration's progress reports")
+    p.add_argument("--migration-address", type=_migration_address, default="",
+                   metavar="HOST",
+                   help="where this real host takes migrations in: its libvirtd listens on "
+                        "TCP there and QEMU receives the guest there (default: the host name)")
     p.add_argument("--hypervisor", choices=HYPERVISOR_CHOICES, default="auto",
                    help="guests' domain type on a real host: kvm, qemu (TCG), or auto: kvm "
                         "if a probe guest runs under KVM, else qemu")
@@ -213,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                       sim_migration_bandwidth=args.sim_migration_bandwidth,
                       sim_dirty_rate=args.sim_dirty_rate,
                       migration_report_seconds=args.migration_report_interval,
+                      migration_address=args.migration_address,
                       hypervisor=args.hypervisor,
                       hypervisor_probe_seconds=args.hypervisor_probe_timeout)
     try:

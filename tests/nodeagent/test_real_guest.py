@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
 import os
 import shutil
 import subprocess
@@ -41,7 +40,7 @@ from nodeagent.imagestore import ImageStore
 from nodeagent.virterror import quiet_libvirt_errors
 from tests.nodeagent.helpers import Cluster, Running, next_report, start
 from tests.nodeagent.test_work import publish, worked_through
-from tests.realhost import QEMU, QEMU_IMG, require
+from tests.realhost import QEMU, QEMU_IMG, boot_files, require
 
 URI = "qemu:///system"
 BOOT_DEADLINE_SECONDS = 60.0
@@ -85,12 +84,6 @@ wait
 """.replace("MARKER_LENGTH", str(len(DISK_MARKER)))
 
 
-def _installed(package: str) -> bool:
-    done = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True,
-                          text=True, check=False)
-    return done.stdout.endswith(" installed")
-
-
 @pytest.fixture(scope="module")
 def libvirtd() -> None:
     """qemu:///system answering: libvirtd and virtlogd started as daemons if they are not
@@ -121,30 +114,10 @@ def libvirtd() -> None:
 @pytest.fixture(scope="module")
 def guest_files() -> Iterator[Path]:
     """A directory the qemu user can read, with the kernel, an initramfs and a disk."""
-    kernels = sorted(glob.glob("/boot/vmlinuz-*"))
-    if not kernels:
-        pytest.fail("no kernel in /boot: apt-get install linux-image-cloud-amd64 "
-                    "(./dev test installs it)", pytrace=False)
-    if not _installed("busybox-static"):
-        pytest.fail("apt-get install busybox-static (./dev test installs it)", pytrace=False)
-    kernel = kernels[-1]
-    modules = Path("/lib/modules", kernel.removeprefix("/boot/vmlinuz-"), "kernel")
     base = Path(tempfile.mkdtemp(prefix="virtbus-real-guest-", dir="/var/tmp"))
     base.chmod(0o755)
     try:
-        root = base / "initramfs"
-        (root / "bin").mkdir(parents=True)
-        (root / "modules").mkdir()
-        shutil.copy("/bin/busybox", root / "bin" / "busybox")
-        for index, module in enumerate(MODULES):
-            shutil.copy(modules / module, root / "modules" / f"{index:02d}-{Path(module).name}")
-        (root / "init").write_text(INIT)
-        (root / "init").chmod(0o755)
-        names = subprocess.run(["find", "."], cwd=root, check=True, capture_output=True).stdout
-        with open(base / "initrd.img", "wb") as initrd:
-            subprocess.run(["cpio", "--quiet", "-o", "-H", "newc"], cwd=root, input=names,
-                           stdout=initrd, check=True)
-        shutil.copy(kernel, base / "vmlinuz")
+        boot_files(base, INIT, MODULES)
         disk = base / "disk.raw"
         subprocess.run([QEMU_IMG, "create", "-q", "-f", "raw", str(disk), "1M"], check=True)
         with open(disk, "r+b") as raw:
