@@ -194,6 +194,8 @@ def settle(conn: libvirt.virConnect, domain: str) -> bool:
     job to end, and say whether the guest left (the domain is shut off, reason migrated)."""
     try:
         dom = conn.lookupByName(domain)
+        if dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE:
+            log.warning("aborting the migration an agent before started", domain=domain)
         while dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE:
             _abort(dom)
             time.sleep(SETTLE_POLL_SECONDS)  # libvirt announces no job's end to poll on

@@ -30,6 +30,7 @@ import pytest
 
 from controlplane.client import Client
 from nodeagent.converter.console import SERIAL_LOG
+from nodeagent.defaults import SOURCE_RESTARTED_REASON
 from nodeagent.imagestore import ImageStore
 from nodeagent.migrating import ABORTED_REASON
 from tests.libvirthost import LibvirtHost, libvirt_host
@@ -43,6 +44,9 @@ pytestmark = pytest.mark.timeout(600)  # guests booted under TCG on a loaded 2-c
 BOOT_SECONDS = 180.0
 """Deadlines, not measures: the guest counts within some 10 s of its start under TCG."""
 MIGRATE_SECONDS = 180.0
+NODE_GRACE_SECONDS = 30.0
+"""An agent killed and started again must be back within the grace, even on a loaded
+machine: its node going NotReady would fail the migration for that reason instead."""
 BOOT_IMAGE = "virtbus.test/boot:1"
 DISK_IMAGE = "virtbus.test/disk:1"
 TOKEN_OFFSET_BLOCKS = 2048
@@ -115,7 +119,8 @@ def system(nats_url: str, prefix: str, tmp_path: Path, hosts: dict[str, LibvirtH
     store.import_file(DISK_IMAGE, str(guest_files / "disk.raw"))
     store.import_file(BOOT_IMAGE, str(guest_files / "vmlinuz"), "/boot/vmlinuz")
     store.import_file(BOOT_IMAGE, str(guest_files / "initrd.img"), "/boot/initrd.img")
-    sys_ = System(nats_url, prefix, tmp_path, nodes=2, libvirt_uri="qemu:///system")
+    sys_ = System(nats_url, prefix, tmp_path, nodes=2, libvirt_uri="qemu:///system",
+                  node_grace=NODE_GRACE_SECONDS)
     for node, host in hosts.items():
         sys_.args[node] += ["--image-dir", store.root, "--hypervisor", "qemu",
                             "--migration-address", host.address,
@@ -223,11 +228,8 @@ async def test_a_cancelled_real_migration_leaves_the_guest_on_its_source(
 
     assert (await vb.act("VirtualMachineInstance", "migrate", "default", "slow")).accepted
 
-    async def moving() -> bool:
-        found = await migration(vb, "slow", "Running")
-        return bool(found and found["status"].get("progress", {}).get("dataProcessedBytes"))
-
-    await eventually(moving, timeout=MIGRATE_SECONDS, what="the guest's memory moving")
+    await eventually(lambda: moving(vb, "slow"), timeout=MIGRATE_SECONDS,
+                     what="the guest's memory moving")
     cancelled = await virtbus(system, "migrate-cancel", "slow")
     assert cancelled.code == 0, cancelled.err
     failed = await eventually(lambda: migration(vb, "slow", "Failed"), timeout=MIGRATE_SECONDS,
@@ -243,6 +245,38 @@ async def test_a_cancelled_real_migration_leaves_the_guest_on_its_source(
     assert (await ticking(hosts[source], "slow", past=last.number)).disk == token
     await eventually(lambda: _gone(hosts[target].base / "shared" / "default" / "slow"),
                      timeout=MIGRATE_SECONDS, what="the target's prepared files removed")
+
+
+async def test_a_source_agent_killed_mid_migration_leaves_the_guest_on_its_source(
+        system: System, vb: Client, hosts: dict[str, LibvirtHost]) -> None:
+    """libvirtd goes on migrating when the agent that asked is killed; the next agent aborts
+    the transfer it finds and reports it failed, and the guest runs on where it was."""
+    await migration_config(vb, bandwidthPerMigration="1Mi")
+    token = uuid.uuid4().hex[:12]
+    await vb.apply(vm("orphan", token))
+    source, uid = await running_on(vb, "orphan")
+    await ticking(hosts[source], "orphan", past=0)
+    assert (await vb.act("VirtualMachineInstance", "migrate", "default", "orphan")).accepted
+    await eventually(lambda: moving(vb, "orphan"), timeout=MIGRATE_SECONDS,
+                     what="the guest's memory moving")
+    system.kill(source)
+    system.start(source)
+    failed = await eventually(lambda: migration(vb, "orphan", "Failed"),
+                              timeout=MIGRATE_SECONDS, what="the migration Failed")
+    assert failed["status"]["reason"] == SOURCE_RESTARTED_REASON
+    vmi = await vb.get("VirtualMachineInstance", "default", "orphan")
+    assert (vmi["metadata"]["uid"], vmi["status"]["nodeName"], vmi["status"]["phase"]) == (
+        uid, source, "Running")
+    await eventually(lambda: runs_only_on(hosts, source, "orphan"), timeout=MIGRATE_SECONDS,
+                     what="the guest on its source only")
+    last = ticks(hosts[source], "orphan")[-1]
+    assert (await ticking(hosts[source], "orphan", past=last.number)).disk == token
+
+
+async def moving(vb: Client, name: str) -> bool:
+    """The VMI's migration is Running and has sent some of the guest."""
+    found = await migration(vb, name, "Running")
+    return bool(found and found["status"].get("progress", {}).get("dataProcessedBytes"))
 
 
 async def _gone(path: Path) -> bool:
