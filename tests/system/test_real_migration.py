@@ -33,6 +33,7 @@ from nodeagent.converter.console import SERIAL_LOG
 from nodeagent.defaults import SOURCE_RESTARTED_REASON
 from nodeagent.imagestore import ImageStore
 from nodeagent.migrating import ABORTED_REASON
+from nodeagent.migration import COMPLETION_TIMEOUT
 from tests.libvirthost import LibvirtHost, libvirt_host
 from tests.realhost import QEMU, QEMU_IMG, boot_files, require
 from tests.system.harness import System, eventually
@@ -271,6 +272,39 @@ async def test_a_source_agent_killed_mid_migration_leaves_the_guest_on_its_sourc
                      what="the guest on its source only")
     last = ticks(hosts[source], "orphan")[-1]
     assert (await ticking(hosts[source], "orphan", past=last.number)).disk == token
+
+
+async def test_past_its_completion_timeout_a_real_migration_aborts_or_goes_post_copy(
+        system: System, vb: Client, hosts: dict[str, LibvirtHost]) -> None:
+    """At 1 MiB a second the guest cannot move within 1 s (completionTimeoutPerGiB 1 for
+    under a GB): without post-copy the job is aborted and the guest stays; with it, QEMU
+    switches to post-copy, the guest runs on the target at once and its memory follows."""
+    await migration_config(vb, bandwidthPerMigration="1Mi", completionTimeoutPerGiB=1,
+                           allowAutoConverge=True)
+    token = uuid.uuid4().hex[:12]
+    await vb.apply(vm("late", token))
+    source, uid = await running_on(vb, "late")
+    target = next(n for n in hosts if n != source)
+    await ticking(hosts[source], "late", past=0)
+    assert (await vb.act("VirtualMachineInstance", "migrate", "default", "late")).accepted
+    failed = await eventually(lambda: migration(vb, "late", "Failed"),
+                              timeout=MIGRATE_SECONDS, what="the migration Failed")
+    assert failed["status"]["reason"] == COMPLETION_TIMEOUT
+    await eventually(lambda: runs_only_on(hosts, source, "late"), timeout=MIGRATE_SECONDS,
+                     what="the guest on its source only")
+
+    await migration_config(vb, bandwidthPerMigration="1Mi", completionTimeoutPerGiB=1,
+                           allowAutoConverge=True, allowPostCopy=True)
+    assert (await vb.act("VirtualMachineInstance", "migrate", "default", "late")).accepted
+    done = await eventually(lambda: migration(vb, "late", "Succeeded"),
+                            timeout=MIGRATE_SECONDS, what="the migration Succeeded")
+    assert done["status"]["migrationState"]["mode"] == "PostCopy"
+    vmi = await vb.get("VirtualMachineInstance", "default", "late")
+    assert (vmi["metadata"]["uid"], vmi["status"]["nodeName"]) == (uid, target)
+    await eventually(lambda: runs_only_on(hosts, target, "late"), timeout=MIGRATE_SECONDS,
+                     what="the guest on its target only")
+    arrived = await ticking(hosts[target], "late", past=0)
+    assert arrived.disk == token
 
 
 async def moving(vb: Client, name: str) -> bool:
