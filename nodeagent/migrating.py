@@ -318,6 +318,9 @@ class Migrations:
         """Record the migration, report it running and start its transfer; the work item is
         acknowledged as soon as this returns."""
         known = self.book.outgoing.get(ref.uid)
+        if known is not None and known.converged and known.order.uid != order.uid:
+            await self._forget_outgoing(ref.uid)  # over: a new one starts after it finished
+            known = None
         if known is not None:
             if known.order.uid != order.uid:
                 await self._observe(order, ref, "failed", reason=f"migration "
@@ -424,7 +427,10 @@ class Migrations:
             self.transfers.pop(ref.uid, None)
 
     async def _abort(self, order: MigrationOrder, ref: VMIRef) -> None:
-        """Stop the transfer; the guest stays. Failed "aborted" if it was still going."""
+        """Stop the transfer; the guest stays. Failed "aborted" if it was still going. One
+        that converged first is kept: the cluster has heard `converged` and decides (the
+        cleanup after Succeeded removes this copy; after Failed the next migration's order
+        replaces it)."""
         transferring = self.transfers.get(ref.uid)
         if transferring is not None:
             transferring.halt.set()
@@ -435,7 +441,7 @@ class Migrations:
             return
         if not known.converged:
             await self._observe(order, ref, "failed", reason=ABORTED_REASON)
-        await self._forget_outgoing(ref.uid)
+            await self._forget_outgoing(ref.uid)
 
     async def _clean_up(self, order: MigrationOrder, ref: VMIRef) -> None:
         """Source, after Succeeded: its copy of the guest goes. Target, after Failed: the

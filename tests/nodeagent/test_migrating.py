@@ -223,6 +223,38 @@ async def test_an_abort_stops_the_transfer_and_the_guest_stays(pair: Pair) -> No
         await source.close()
 
 
+async def test_an_abort_that_comes_after_convergence_leaves_the_copy_to_the_cleanup(
+        pair: Pair) -> None:
+    """A cancel raced the convergence: the cluster heard `converged` first (Succeeded),
+    then the abort it had dispatched arrives, then the cleanup. The source's copy goes;
+    and after a migration that ended so, the next one of the VMI goes ahead."""
+    reports = await reports_of(pair.source)
+    source = await pair.agent(pair.source)
+    try:
+        ref = await launched(pair, source, "raced")
+        order = pair.order()
+        await do(pair.source, source, work("migrate", ref, order, vmi(ref)))
+        await next_report(reports, migration_report(pair.source.node, "converged"))
+        await do(pair.source, source, work("migrate-abort", ref, order))
+        assert not any(r.migration and r.migration.state == "failed"
+                       for r in await fence(pair.source, reports)), "it did converge"
+        await do(pair.source, source, work("migrate-cleanup", ref, order))
+        assert guests(source) == {}, "the guest runs on the target only"
+        assert source.agent.migrations.book.outgoing == {}
+
+        again = await launched(pair, source, "again")
+        first = pair.order()
+        await do(pair.source, source, work("migrate", again, first, vmi(again)))
+        await next_report(reports, migration_report(pair.source.node, "converged"))
+        await do(pair.source, source, work("migrate-abort", again, first))  # then Failed
+        second = pair.order()
+        await do(pair.source, source, work("migrate", again, second, vmi(again)))
+        await next_report(reports, migration_report(pair.source.node, "converged",
+                                                    migration_uid=second.uid))
+    finally:
+        await source.close()
+
+
 async def test_past_its_completion_timeout_a_transfer_switches_to_post_copy(pair: Pair) -> None:
     """The VMI's annotation makes the guest out-dirty the link: stuck in pre-copy, then
     post-copy at the completion timeout, which drains and converges."""
