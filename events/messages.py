@@ -167,11 +167,15 @@ NodeVerb = Literal["launch", "stop", "pause", "unpause", "restart", "migrate-pre
 |-----------------|--------|-------------------------------|-------------------------------------|
 | migrate-prepare | target | the target chosen (Scheduled) | checks it can take the guest, keeps |
 |                 |        |                               | the order, reports `target-ready`   |
-| migrate         | source | TargetReady                   | transfers memory, reports `running`,|
-|                 |        |                               | `progress`, then `converged` (the   |
-|                 |        |                               | guest still runs here) or `failed`  |
+|                 |        |                               | (and where it listens, on a real    |
+|                 |        |                               | host: `target_address`)             |
+| migrate         | source | TargetReady (the order has    | transfers memory, reports `running`,|
+|                 |        | the target's address)         | `progress`, then `converged` (the   |
+|                 |        |                               | simulated guest still runs here; a  |
+|                 |        |                               | real one runs on the target) or     |
+|                 |        |                               | `failed` (it runs here)             |
 | migrate-abort   | source | the migration Failed          | stops the transfer; the guest stays |
-| migrate-finish  | target | Succeeded (nodeName = target) | starts the guest here               |
+| migrate-finish  | target | Succeeded (nodeName = target) | starts (or adopts) the guest here   |
 | migrate-cleanup | source | Succeeded                     | removes its copy, reporting nothing |
 |                 | target | Failed                        | forgets the order                   |
 

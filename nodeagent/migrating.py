@@ -70,7 +70,9 @@ from nodeagent.vmiref import VMIRef
 from nodeagent.worklog import AppliedWork, IncomingMigration, MigrationBook, OutgoingMigration
 
 if TYPE_CHECKING:
+    from events.api.vm import VirtualMachineInstanceSpec
     from nodeagent.agent import NodeAgent
+    from nodeagent.converter import ConverterContext
 
 MIGRATION_VERBS: Final = frozenset({"migrate-prepare", "migrate", "migrate-abort",
                                     "migrate-finish", "migrate-cleanup"})
@@ -262,11 +264,9 @@ class Migrations:
     async def _make_ready(self, uid: str, vmi: dict[str, Any]) -> None:
         """Hold the guest's devices and, on a real host, make its files (the guest's QEMU
         opens them here when it comes in); neither stays if either fails."""
-        self._reserve(uid, vmi)
+        spec, ctx = self._reserve(uid, vmi)
         if self.agent.cfg.simulated:
             return
-        spec, ctx = parse_manifest(vmi, domain_type=self.agent.domain_type,
-                                   disk_dir=self.agent.cfg.disk_dir)
         try:
             await asyncio.to_thread(guestdisks.prepare, spec, ctx, self.agent.images,
                                     guest_owner(self.agent.capabilities, self.agent.domain_type))
@@ -280,12 +280,14 @@ class Migrations:
             return ""
         return self.agent.cfg.migration_address or socket.gethostname()
 
-    def _reserve(self, uid: str, vmi: dict[str, Any]) -> None:
+    def _reserve(self, uid: str, vmi: dict[str, Any]
+                 ) -> tuple[VirtualMachineInstanceSpec, ConverterContext]:
         """Convert the VMI as a launch would, and hold its devices for it."""
         spec, ctx = parse_manifest(vmi, domain_type=self.agent.domain_type,
                                    disk_dir=self.agent.cfg.disk_dir)
         convert(spec, ctx)
         self.agent.ledger.acquire(uid, self.agent._device_demand(spec))
+        return spec, ctx
 
     async def _finish(self, command: NodeCommand, order: MigrationOrder, ref: VMIRef) -> None:
         """Start the guest here as a launch does (a running one is left alone), and forget
