@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 
@@ -172,11 +172,15 @@ NodeVerb = Literal["launch", "stop", "pause", "unpause", "restart", "migrate-pre
 |-----------------|--------|-------------------------------|-------------------------------------|
 | migrate-prepare | target | the target chosen (Scheduled) | checks it can take the guest, keeps |
 |                 |        |                               | the order, reports `target-ready`   |
-| migrate         | source | TargetReady                   | transfers memory, reports `running`,|
-|                 |        |                               | `progress`, then `converged` (the   |
-|                 |        |                               | guest still runs here) or `failed`  |
+|                 |        |                               | (and where it listens, on a real    |
+|                 |        |                               | host: `target_address`)             |
+| migrate         | source | TargetReady (the order has    | transfers memory, reports `running`,|
+|                 |        | the target's address)         | `progress`, then `converged` (the   |
+|                 |        |                               | simulated guest still runs here; a  |
+|                 |        |                               | real one runs on the target) or     |
+|                 |        |                               | `failed` (it runs here)             |
 | migrate-abort   | source | the migration Failed          | stops the transfer; the guest stays |
-| migrate-finish  | target | Succeeded (nodeName = target) | starts the guest here               |
+| migrate-finish  | target | Succeeded (nodeName = target) | starts (or adopts) the guest here   |
 | migrate-cleanup | source | Succeeded                     | removes its copy, reporting nothing |
 |                 | target | Failed                        | forgets the order                   |
 
@@ -187,6 +191,14 @@ side's work after that is idempotent, so a crash anywhere leaves it in one place
 SIMULATED_DIRTY_RATE_ANNOTATION: Final = "virtbus.io/simulated-dirty-rate"
 """On the test driver only: how fast the guest dirties memory during a simulated
 migration (a quantity per second, e.g. `64Mi`); absent: the agent's default."""
+
+
+MigrationAddress = Annotated[str, msgspec.Meta(
+    max_length=253,
+    pattern=r"^$|^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$|^[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*$")]
+"""Where a target listens for a migration (KubeVirt's `migrationState.targetNodeAddress`): a
+host name, an IPv4 or an IPv6 address; '' when it did not say. Checked when a message is
+decoded, as it becomes part of the URIs a source's libvirt connects to."""
 
 
 class MigrationOrder(msgspec.Struct, frozen=True, kw_only=True):
@@ -204,6 +216,8 @@ class MigrationOrder(msgspec.Struct, frozen=True, kw_only=True):
     """completionTimeoutPerGiB times the guest's memory in GiB; 0: none."""
     allow_post_copy: bool = False
     allow_auto_converge: bool = False
+    target_address: MigrationAddress = ""
+    """Where the target listens, as its agent reported it ready: set on `migrate`."""
 
 
 class NodeCommand(msgspec.Struct, frozen=True, kw_only=True):
@@ -275,6 +289,8 @@ class MigrationObservation(msgspec.Struct, frozen=True, kw_only=True):
     data_processed: int = 0
     data_remaining: int = 0
     reason: str = ""
+    target_address: MigrationAddress = ""
+    """With `target-ready` on a real hypervisor: where the source is to send the guest."""
 
 
 class NodeReport(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,7 +12,7 @@ from typing import Final, Literal
 
 from events.api.base import ObjectMeta
 from events.codec import Event, event_type
-from events.messages import MigrationMode, MigrationOrder
+from events.messages import MigrationAddress, MigrationMode, MigrationOrder
 
 MIGRATION_KIND: Final = "vmim"
 
@@ -40,6 +40,8 @@ class MigrationCreated(Event, frozen=True, kw_only=True):
 class MigrationPhaseChanged(Event, frozen=True, kw_only=True):
     phase: MigrationPhase
     reason: str = ""
+    target_address: MigrationAddress = ""
+    """To TargetReady: where the target's agent said it listens (a real hypervisor's)."""
 
 
 @event_type("MigrationTargetScheduled")

@@ -11,10 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+import msgspec
+
 from events.api.resources import quantity
 from events.connect import NATS_FAILURES, Access, add_arguments, stopped_by
 from events.errors import InvalidSpec
 from events.logs import configure
+from events.messages import MigrationAddress
 from nodeagent.agent import AgentConfig, NodeAgent
 from nodeagent.converter import defaults
 from nodeagent.defaults import (
@@ -80,6 +83,15 @@ def _checked(parse: Callable[[str], object]) -> Callable[[str], object]:
     return checked
 
 
+def _migration_address(text: str) -> str:
+    """A host name or an IP address, as the migration protocol carries it, for argparse."""
+    try:
+        return msgspec.convert(text, MigrationAddress)
+    except msgspec.ValidationError:
+        raise argparse.ArgumentTypeError(f"not a host name or an IP address: {text!r}") \
+            from None
+
+
 def _count(text: str) -> int:
     """A count of at least 1, for argparse."""
     try:
@@ -130,12 +142,8 @@ def _import_image(image_dir: str, reference: str, source: str, path: str) -> int
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["domxml"]:
-        return main_domxml(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m nodeagent")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`run`: one node's agent."""
     p = sub.add_parser("run", help="run the agent of one node")
     p.add_argument("--node", required=True, help="this node's name")
     add_arguments(p)
@@ -172,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--migration-report-interval", type=_positive_seconds,
                    default=MIGRATION_REPORT_INTERVAL_SECONDS, metavar="S",
                    help="seconds between a migration's progress reports")
+    p.add_argument("--migration-address", type=_migration_address, default="",
+                   metavar="HOST",
+                   help="where this real host takes migrations in: its libvirtd listens on "
+                        "TCP there and QEMU receives the guest there (default: the host name)")
     p.add_argument("--hypervisor", choices=HYPERVISOR_CHOICES, default="auto",
                    help="guests' domain type on a real host: kvm, qemu (TCG), or auto: kvm "
                         "if a probe guest runs under KVM, else qemu")
@@ -185,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
                                         "(the gateway is its first address)")
     p.add_argument("--network-dir", default=NETWORK_DIR, metavar="DIR",
                    help="real hosts: where the guests' interfaces and dnsmasq's files are kept")
+
+
+def _add_fleet(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`fleet`: many simulated nodes in one process."""
     f = sub.add_parser("fleet", help="run many simulated nodes in one process")
     f.add_argument("--nodes", type=_count, required=True, help="how many nodes")
     f.add_argument("--first", type=_count, default=1,
@@ -203,6 +219,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="devices.kubevirt.io/tun each node offers")
     f.add_argument("--disk-dir", default=defaults.DISK_DIR,
                    help="where disk images (containerDisk, PVC, emptyDisk) are resolved")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["domxml"]:
+        return main_domxml(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m nodeagent")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run(sub)
+    _add_fleet(sub)
     sub.add_parser("domxml", help="print the domain XML of a VMI/VM manifest (-f FILE)")
     i = sub.add_parser("import-image", help="put FILE into image REFERENCE in this node's "
                                             "image store")
@@ -236,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                       sim_migration_bandwidth=args.sim_migration_bandwidth,
                       sim_dirty_rate=args.sim_dirty_rate,
                       migration_report_seconds=args.migration_report_interval,
+                      migration_address=args.migration_address,
                       hypervisor=args.hypervisor,
                       hypervisor_probe_seconds=args.hypervisor_probe_timeout,
                       bridge=args.bridge, pod_subnet=str(args.pod_subnet),

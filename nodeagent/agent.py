@@ -188,6 +188,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     sim_dirty_rate: int = SIMULATED_DIRTY_RATE_BYTES_PER_SECOND
     """Bytes per second a simulated guest dirties, unless its VMI's annotation says."""
     migration_report_seconds: float = MIGRATION_REPORT_INTERVAL_SECONDS
+    migration_address: str = ""
+    """Where a real host takes migrations in (its libvirtd and QEMU listen there); '' is
+    its host name, as libvirt itself picks when told none."""
     hypervisor: HypervisorChoice = "auto"
     """`kvm` or `qemu` as told, or `auto`: KVM if the probe finds it runs guests."""
     hypervisor_probe_seconds: float = HYPERVISOR_PROBE_SECONDS

@@ -23,16 +23,23 @@ longer than the node stream's ack wait, and the book, not the item, is what surv
 On libvirt's test driver the transfer is simulated (`nodeagent.migration`), from the guest's
 memory, the link (the agent's `sim_migration_bandwidth`, or the migration's bandwidth when
 lower) and the guest's dirty rate (its VMI's `virtbus.io/simulated-dirty-rate`, else the
-agent's `sim_dirty_rate`). A real hypervisor's migration (libvirt's migrateToURI3) is not
-built yet: there the source reports the migration failed, saying so.
+agent's `sim_dirty_rate`). On a real hypervisor libvirt migrates (`nodeagent.livemigration`):
+the target makes the guest's files when it prepares and reports where it listens with
+`target-ready` (its `migration_address`); the source's libvirtd sends the guest there, and
+`converged` means the guest runs on the target already (the source's domain is shut off).
+Its finish adopts the running domain as a launch would; the source's cleanup undefines its
+copy. A source restarted meanwhile first lets libvirt settle the transfer the last agent
+started (`livemigration.settle`): converged if the guest left, else failed as above.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import libvirt
@@ -52,15 +59,20 @@ from events.messages import (
     NodeReport,
 )
 from events.transient import describe
+from nodeagent import guestdisks, livemigration
 from nodeagent.converter import convert
+from nodeagent.converter import defaults as converter_defaults
 from nodeagent.defaults import SOURCE_RESTARTED_REASON
 from nodeagent.domxml import parse_manifest
+from nodeagent.hypervisor import guest_owner
 from nodeagent.migration import Link, Transfer, advance, begin
 from nodeagent.vmiref import VMIRef
 from nodeagent.worklog import AppliedWork, IncomingMigration, MigrationBook, OutgoingMigration
 
 if TYPE_CHECKING:
+    from events.api.vm import VirtualMachineInstanceSpec
     from nodeagent.agent import NodeAgent
+    from nodeagent.converter import ConverterContext
 
 MIGRATION_VERBS: Final = frozenset({"migrate-prepare", "migrate", "migrate-abort",
                                     "migrate-finish", "migrate-cleanup"})
@@ -71,8 +83,9 @@ ANSWERED_VERBS: Final = frozenset({"migrate-prepare", "migrate"})
 
 ABORTED_REASON: Final = "aborted"
 SOURCE_LOST_DOMAIN_REASON: Final = "the source lost the domain"
-REAL_HYPERVISOR_REASON: Final = ("live migration is simulated on libvirt's test driver only; "
-                                 "migrating a real hypervisor's guest is not built yet")
+
+TransferRun = Callable[[asyncio.Event], Awaitable[Transfer | None]]
+"""A transfer, simulated or real, until it ends (None: halted before it ended)."""
 
 
 class Transferring(msgspec.Struct, kw_only=True):
@@ -140,8 +153,9 @@ class Migrations:
                                                "reading the migrations")
         except msgspec.DecodeError as e:
             self.agent.log.error("migrations record unreadable; starting without", error=str(e))
-        for uid, out in list(self.book.outgoing.items()):
-            ref = VMIRef(out.namespace, out.name, uid)
+        for uid, found in list(self.book.outgoing.items()):
+            ref = VMIRef(found.namespace, found.name, uid)
+            out = await self._settled(ref, found)
             if out.converged:
                 await self._observe(out.order, ref, "converged")
                 continue
@@ -156,6 +170,16 @@ class Migrations:
             except VirtbusError as e:
                 self.agent.log.warning("devices of a prepared migration not reserved again",
                                        migration=incoming.order.uid, uid=uid, error=str(e))
+
+    async def _settled(self, ref: VMIRef, out: OutgoingMigration) -> OutgoingMigration:
+        """A real host's transfer the last agent left unfinished, once libvirt has settled
+        it: converged (recorded) if the guest left."""
+        if out.converged or self.agent.cfg.simulated or not await asyncio.to_thread(
+                livemigration.settle, self.agent.conn, ref.domain):
+            return out
+        out = self.book.outgoing[ref.uid] = msgspec.structs.replace(out, converged=True)
+        await self._save()
+        return out
 
     async def reconcile(self, assigned: dict[str, tuple[VMIRef, str, dict[str, Any]]]) -> None:
         """With the VMIs the cluster placed here: start the guest of each prepared migration
@@ -229,20 +253,41 @@ class Migrations:
                                 "target node")
             return
         try:
-            self._reserve(ref.uid, vmi)
+            await self._make_ready(ref.uid, vmi)
         except VirtbusError as e:
             await self._observe(order, ref, "failed", reason=f"target not ready: {e}")
             return
         self.book.incoming[ref.uid] = IncomingMigration(order=order, vmi=vmi)
         await self._save()
-        await self._observe(order, ref, "target-ready")
+        await self._observe(order, ref, "target-ready", target_address=self._address())
 
-    def _reserve(self, uid: str, vmi: dict[str, Any]) -> None:
+    async def _make_ready(self, uid: str, vmi: dict[str, Any]) -> None:
+        """Hold the guest's devices and, on a real host, make its files (the guest's QEMU
+        opens them here when it comes in); neither stays if either fails."""
+        spec, ctx = self._reserve(uid, vmi)
+        if self.agent.cfg.simulated:
+            return
+        try:
+            await asyncio.to_thread(guestdisks.prepare, spec, ctx, self.agent.images,
+                                    guest_owner(self.agent.capabilities, self.agent.domain_type))
+        except (VirtbusError, OSError) as e:
+            self.agent.ledger.release(uid)
+            raise VirtbusError(f"the guest's files: {e}") from e
+
+    def _address(self) -> str:
+        """Where this host takes migrations in; '' on the test driver (nothing listens)."""
+        if self.agent.cfg.simulated:
+            return ""
+        return self.agent.cfg.migration_address or socket.gethostname()
+
+    def _reserve(self, uid: str, vmi: dict[str, Any]
+                 ) -> tuple[VirtualMachineInstanceSpec, ConverterContext]:
         """Convert the VMI as a launch would, and hold its devices for it."""
         spec, ctx = parse_manifest(vmi, domain_type=self.agent.domain_type,
                                    disk_dir=self.agent.cfg.disk_dir)
         convert(spec, ctx)
         self.agent.ledger.acquire(uid, self.agent._device_demand(spec))
+        return spec, ctx
 
     async def _finish(self, command: NodeCommand, order: MigrationOrder, ref: VMIRef) -> None:
         """Start the guest here as a launch does (a running one is left alone), and forget
@@ -275,6 +320,9 @@ class Migrations:
         """Record the migration, report it running and start its transfer; the work item is
         acknowledged as soon as this returns."""
         known = self.book.outgoing.get(ref.uid)
+        if known is not None and known.converged and known.order.uid != order.uid:
+            await self._forget_outgoing(ref.uid)  # over: a new one starts after it finished
+            known = None
         if known is not None:
             if known.order.uid != order.uid:
                 await self._observe(order, ref, "failed", reason=f"migration "
@@ -282,23 +330,28 @@ class Migrations:
             elif known.converged:
                 await self._observe(order, ref, "converged")
             return  # else its transfer runs, and reports
-        if not self.agent.cfg.simulated:
-            await self._observe(order, ref, "failed", reason=REAL_HYPERVISOR_REASON)
+        first: Transfer | None = None
+        run: TransferRun
+        if self.agent.cfg.simulated:
+            try:
+                link = self._link(command.vmi or {}, order)
+            except VirtbusError as e:
+                await self._observe(order, ref, "failed", reason=str(e))
+                return
+            first = begin(link)
+            run = functools.partial(self._simulate, order, ref, link, first)
+        elif not order.target_address:
+            await self._observe(order, ref, "failed", reason=livemigration.NO_ADDRESS_REASON)
             return
-        try:
-            link = self._link(command.vmi or {}, order)
-        except VirtbusError as e:
-            await self._observe(order, ref, "failed", reason=str(e))
-            return
+        else:
+            run = functools.partial(self._hypervisor_transfer, order, ref)
         self.book.outgoing[ref.uid] = OutgoingMigration(
             order=order, namespace=ref.namespace, name=ref.name, event_id=command.event_id)
         await self._save()
-        transfer = begin(link)
-        await self._observe(order, ref, "running", transfer)
+        await self._observe(order, ref, "running", first)
         halt = asyncio.Event()
         self.transfers[ref.uid] = Transferring(
-            task=asyncio.create_task(self._transfer(order, ref, link, transfer, halt)),
-            halt=halt)
+            task=asyncio.create_task(self._transfer(order, ref, run, halt)), halt=halt)
 
     def _link(self, vmi: dict[str, Any], order: MigrationOrder) -> Link:
         """The simulated transfer's guest, link and limits (module docstring)."""
@@ -323,24 +376,42 @@ class Migrations:
                     allow_post_copy=order.allow_post_copy,
                     allow_auto_converge=order.allow_auto_converge)
 
-    async def _transfer(self, order: MigrationOrder, ref: VMIRef, link: Link,
-                        transfer: Transfer, halt: asyncio.Event) -> None:
+    async def _simulate(self, order: MigrationOrder, ref: VMIRef, link: Link,
+                        transfer: Transfer, halt: asyncio.Event) -> Transfer | None:
         """Step the simulated transfer every report interval, on the time that really
         passed, reporting its progress, until it converges or fails, or is halted."""
         last = time.monotonic()
+        while transfer.state == "running":
+            await pause_unless_stopped(halt, self.agent.cfg.migration_report_seconds)
+            if halt.is_set():
+                return None  # aborted (the abort reports it), or the agent stops
+            now = time.monotonic()
+            transfer = advance(link, transfer, now - last)
+            last = now
+            if ref.domain not in self.agent.domains:
+                transfer = msgspec.structs.replace(transfer, state="failed",
+                                                   reason=SOURCE_LOST_DOMAIN_REASON)
+            if transfer.state == "running":
+                await self._observe(order, ref, "progress", transfer)
+        return transfer
+
+    async def _hypervisor_transfer(self, order: MigrationOrder, ref: VMIRef,
+                                   halt: asyncio.Event) -> Transfer | None:
+        """libvirt migrates; halted and still here, the transfer is left unreported (the
+        abort reports it, or the next agent); halted too late, it converged."""
+        transfer, halted = await livemigration.transfer(
+            self.agent.conn, ref.domain, order, interval=self.agent.cfg.migration_report_seconds,
+            halt=halt, progress=functools.partial(self._observe, order, ref, "progress"))
+        return None if halted and transfer.state == "failed" else transfer
+
+    async def _transfer(self, order: MigrationOrder, ref: VMIRef, run: TransferRun,
+                        halt: asyncio.Event) -> None:
+        """The transfer until it ends; then converged is recorded before it is said, and a
+        failed one is said and forgotten."""
         try:
-            while transfer.state == "running":
-                await pause_unless_stopped(halt, self.agent.cfg.migration_report_seconds)
-                if halt.is_set():
-                    return  # aborted (the abort reports it), or the agent stops
-                now = time.monotonic()
-                transfer = advance(link, transfer, now - last)
-                last = now
-                if ref.domain not in self.agent.domains:
-                    transfer = msgspec.structs.replace(transfer, state="failed",
-                                                       reason=SOURCE_LOST_DOMAIN_REASON)
-                if transfer.state == "running":
-                    await self._observe(order, ref, "progress", transfer)
+            transfer = await run(halt)
+            if transfer is None:
+                return
             if transfer.state == "converged":
                 self.book.outgoing[ref.uid] = msgspec.structs.replace(
                     self.book.outgoing[ref.uid], converged=True)
@@ -358,7 +429,10 @@ class Migrations:
             self.transfers.pop(ref.uid, None)
 
     async def _abort(self, order: MigrationOrder, ref: VMIRef) -> None:
-        """Stop the transfer; the guest stays. Failed "aborted" if it was still going."""
+        """Stop the transfer; the guest stays. Failed "aborted" if it was still going. One
+        that converged first is kept: the cluster has heard `converged` and decides (the
+        cleanup after Succeeded removes this copy; after Failed the next migration's order
+        replaces it)."""
         transferring = self.transfers.get(ref.uid)
         if transferring is not None:
             transferring.halt.set()
@@ -369,11 +443,12 @@ class Migrations:
             return
         if not known.converged:
             await self._observe(order, ref, "failed", reason=ABORTED_REASON)
-        await self._forget_outgoing(ref.uid)
+            await self._forget_outgoing(ref.uid)
 
     async def _clean_up(self, order: MigrationOrder, ref: VMIRef) -> None:
         """Source, after Succeeded: its copy of the guest goes. Target, after Failed: the
-        prepared migration and its devices go (unless the guest runs here)."""
+        prepared migration, its devices and, on a real host, its files go (unless the guest
+        runs here)."""
         if order.source_node == self.node:
             known = self.book.outgoing.get(ref.uid)
             if known is not None and known.order.uid == order.uid:
@@ -384,6 +459,10 @@ class Migrations:
             return
         if ref.domain not in self.agent.domains:
             self.agent.ledger.release(ref.uid)
+            if not self.agent.cfg.simulated:
+                await asyncio.to_thread(guestdisks.remove, self.agent.cfg.disk_dir,
+                                        converter_defaults.RUN_DIR, ref.namespace, ref.name,
+                                        ref.uid)
         await self._forget_incoming(ref.uid)
 
     async def _depart(self, ref: VMIRef, order: MigrationOrder) -> None:
@@ -407,11 +486,11 @@ class Migrations:
 
     async def _observe(self, order: MigrationOrder, ref: VMIRef, state: MigrationState,
                        transfer: Transfer | None = None, *, reason: str = "",
-                       correlation_id: str = "") -> None:
+                       correlation_id: str = "", target_address: str = "") -> None:
         """Report what this node sees of a migration."""
         obs = MigrationObservation(
             namespace=ref.namespace, name=ref.name, vmi_uid=ref.uid, migration_uid=order.uid,
-            state=state, reason=reason)
+            state=state, reason=reason, target_address=target_address)
         if transfer is not None:
             obs = msgspec.structs.replace(
                 obs, mode=transfer.mode, data_total=transfer.total,

@@ -100,13 +100,20 @@ def advance(link: Link, transfer: Transfer, dt: float) -> Transfer:
     busy = min(dt, transfer.remaining / net) if net > 0 else dt
     sent, dirtied = int(link.bandwidth * busy), int(dirty_rate * busy)
     remaining = min(max(transfer.remaining - sent + dirtied, 0), link.memory)
+    moved = measured(transfer, elapsed=elapsed, processed=transfer.processed + sent,
+                     remaining=remaining)
+    throttled = msgspec.structs.replace(
+        moved, throttle_percent=_throttle(link, transfer.throttle_percent, sent, dirtied))
+    return _judge(link, throttled)
+
+
+def measured(transfer: Transfer, *, elapsed: float, processed: int, remaining: int) -> Transfer:
+    """The transfer with new figures (simulated, or a real hypervisor's job statistics); a
+    new low of the remaining data is progress (KubeVirt's watermark)."""
     lowest, lowest_at = (remaining, elapsed) if remaining < transfer.lowest \
         else (transfer.lowest, transfer.lowest_at)
-    moved = msgspec.structs.replace(
-        transfer, elapsed=elapsed, processed=transfer.processed + sent, remaining=remaining,
-        lowest=lowest, lowest_at=lowest_at,
-        throttle_percent=_throttle(link, transfer.throttle_percent, sent, dirtied))
-    return _judge(link, moved)
+    return msgspec.structs.replace(transfer, elapsed=elapsed, processed=processed,
+                                   remaining=remaining, lowest=lowest, lowest_at=lowest_at)
 
 
 def _throttle(link: Link, percent: int, sent: int, dirtied: int) -> int:
@@ -119,16 +126,26 @@ def _throttle(link: Link, percent: int, sent: int, dirtied: int) -> int:
 
 
 def _judge(link: Link, transfer: Transfer) -> Transfer:
-    """Converged, or KubeVirt's monitor in its order: post-copy is left alone; past the
-    completion timeout post-copy starts when allowed; stuck fails; past it otherwise fails."""
+    """Converged once the rest fits the switch-over, else as the monitor judges."""
     if transfer.remaining <= link.switchover_bytes:
         return _converged(transfer)
+    return monitor(transfer, progress_timeout=link.progress_timeout,
+                   completion_timeout=link.completion_timeout,
+                   allow_post_copy=link.allow_post_copy)
+
+
+def monitor(transfer: Transfer, *, progress_timeout: float, completion_timeout: float,
+            allow_post_copy: bool) -> Transfer:
+    """KubeVirt's migration monitor, in its order: post-copy is left alone; past the
+    completion timeout (when non-zero) post-copy starts when allowed; stuck (no new low for
+    the progress timeout, when non-zero) fails; past the completion timeout otherwise fails.
+    The simulation and a real hypervisor's transfer (`nodeagent.livemigration`) both obey it."""
     if transfer.mode == "PostCopy":
         return transfer
-    timed_out = 0 < link.completion_timeout < transfer.elapsed
-    if timed_out and link.allow_post_copy:
+    timed_out = 0 < completion_timeout < transfer.elapsed
+    if timed_out and allow_post_copy:
         return msgspec.structs.replace(transfer, mode="PostCopy")
-    if transfer.elapsed - transfer.lowest_at > link.progress_timeout > 0:
+    if transfer.elapsed - transfer.lowest_at > progress_timeout > 0:
         return msgspec.structs.replace(transfer, state="failed", reason=PROGRESS_TIMEOUT)
     if timed_out:
         return msgspec.structs.replace(transfer, state="failed", reason=COMPLETION_TIMEOUT)

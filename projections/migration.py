@@ -46,6 +46,7 @@ class MigrationView(View):
         self.abort_requested = False
         self.mode = "PreCopy"
         self.data_total = self.data_processed = self.data_remaining = 0
+        self.target_address = ""
 
     @property
     def target_node(self) -> str:
@@ -70,6 +71,7 @@ class MigrationView(View):
                 self._phase("Pending", event.timestamp)
             case MigrationPhaseChanged(phase=phase, reason=reason):
                 self.reason = reason
+                self.target_address = event.target_address or self.target_address
                 self._phase(phase, event.timestamp)
             case MigrationTargetScheduled(order=order):
                 self.order, self.unschedulable_message = order, ""
@@ -145,6 +147,8 @@ def render_migration(view: MigrationView, vmi_state: MigrationState | None) -> d
                                  "message": view.unschedulable_message}]
     if vmi_state is not None and vmi_state.migration_uid == view.uid:
         status["migrationState"] = render_migration_state(vmi_state)
+        if view.target_address:
+            status["migrationState"]["targetNodeAddress"] = view.target_address
     if view.data_total:
         status["progress"] = {"mode": view.mode, "dataTotalBytes": view.data_total,
                               "dataProcessedBytes": view.data_processed,

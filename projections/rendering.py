@@ -8,7 +8,7 @@ from typing import Any
 
 from events.api.resources import ClusterTuning
 from events.query import Query
-from projections import vm_metrics
+from projections import eviction_metrics, vm_metrics
 from projections.cluster import (
     ClusterState,
     outdated_launcher,
@@ -64,7 +64,8 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
                    if _matches(query, view.metadata.namespace, view.metadata.name)]
         case kind if kind == METRICS_QUERY:
             [hco] = answer(state, kind, query.name, datetime.now(UTC))
-            return [{"text": hco["text"] + vm_metrics.exposition(state).decode()}]
+            return [{"text": hco["text"] + vm_metrics.exposition(state).decode()
+                     + eviction_metrics.exposition(state).decode()}]
         case kind if kind == ALERTS_QUERY:
             return answer(state, kind, query.name, datetime.now(UTC))
     return sorted(out, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))

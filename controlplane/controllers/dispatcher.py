@@ -13,7 +13,8 @@ copy; past the window, the agent's own idempotence (domains by name) still holds
 | VirtualMachineInstancePhaseChanged to   | stop (at once) where it ran: the |
 | Failed, NodeUnresponsive                | node destroys it when it is back |
 | MigrationTargetScheduled                | migrate-prepare on the target    |
-| MigrationPhaseChanged TargetReady       | migrate on the source            |
+| MigrationPhaseChanged TargetReady       | migrate on the source (the order |
+|                                         | with the target's address)       |
 | MigrationAbortRequested (transferring)  | migrate-abort on the source      |
 | MigrationPhaseChanged Succeeded         | migrate-finish on the target,    |
 |                                         | migrate-cleanup on the source    |
@@ -43,7 +44,7 @@ from nats.js.kv import KeyValue
 from controlplane.defaults import WORK_CONSUMERS_CHECK_SECONDS
 from events.api.vm import API_VERSION
 from events.codec import Event
-from events.messages import NodeCommand, NodeVerb
+from events.messages import MigrationOrder, NodeCommand, NodeVerb
 from events.migration import (
     MigrationAbortRequested,
     MigrationPhaseChanged,
@@ -240,18 +241,20 @@ def _migration_work(event: Event, migration: MigrationView,
     vmi = state.vmi(migration.metadata.namespace, migration.vmi_name)
     if order is None or vmi is None or vmi.spec is None or vmi.uid != migration.vmi_uid:
         return []
-    common = {**_common(event, vmi), "migration": order}
+    common = _common(event, vmi)
     transferring = any(phase == "TargetReady" for phase, _ in migration.transitions)
 
-    def work(node: str, verb: NodeVerb, with_vmi: bool = False) -> tuple[str, str, NodeCommand]:
+    def work(node: str, verb: NodeVerb, with_vmi: bool = False,
+             given: MigrationOrder = order) -> tuple[str, str, NodeCommand]:
         manifest = vmi_manifest(vmi) if with_vmi else None
-        return node, verb, NodeCommand(verb=verb, vmi=manifest, **common)
+        return node, verb, NodeCommand(verb=verb, vmi=manifest, migration=given, **common)
 
     match event:
         case MigrationTargetScheduled():
             return [work(order.target_node, "migrate-prepare", with_vmi=True)]
-        case MigrationPhaseChanged(phase="TargetReady"):
-            return [work(order.source_node, "migrate", with_vmi=True)]
+        case MigrationPhaseChanged(phase="TargetReady", target_address=address):
+            return [work(order.source_node, "migrate", with_vmi=True,
+                         given=msgspec.structs.replace(order, target_address=address))]
         case MigrationAbortRequested() if transferring and not migration.finished:
             return [work(order.source_node, "migrate-abort")]
         case MigrationPhaseChanged(phase="Succeeded"):

@@ -334,7 +334,8 @@ def observe(d: Decision) -> None:
     match obs.state:
         case "target-ready":
             if m.phase == "PreparingTarget":
-                d.trigger(migration, MigrationPhaseChanged, phase="TargetReady")
+                d.trigger(migration, MigrationPhaseChanged, phase="TargetReady",
+                          target_address=obs.target_address)
         case "running" | "progress":
             if m.phase == "TargetReady":
                 d.trigger(migration, MigrationPhaseChanged, phase="Running")

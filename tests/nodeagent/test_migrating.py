@@ -28,6 +28,7 @@ from nats.js.client import JetStreamContext
 from events.messages import (
     SIMULATED_DIRTY_RATE_ANNOTATION,
     DomainObservation,
+    MigrationObservation,
     MigrationOrder,
     NodeCommand,
     NodeReport,
@@ -218,6 +219,38 @@ async def test_an_abort_stops_the_transfer_and_the_guest_stays(pair: Pair) -> No
         await do(pair.source, source, work("migrate-abort", ref, order))  # idempotent
         after = [r.migration for r in await fence(pair.source, reports) if r.migration]
         assert not any(m.state == "failed" for m in after), "aborted once"
+    finally:
+        await source.close()
+
+
+async def test_an_abort_that_comes_after_convergence_leaves_the_copy_to_the_cleanup(
+        pair: Pair) -> None:
+    """A cancel raced the convergence: the cluster heard `converged` first (Succeeded),
+    then the abort it had dispatched arrives, then the cleanup. The source's copy goes;
+    and after a migration that ended so, the next one of the VMI goes ahead."""
+    reports = await reports_of(pair.source)
+    source = await pair.agent(pair.source)
+    try:
+        ref = await launched(pair, source, "raced")
+        order = pair.order()
+        await do(pair.source, source, work("migrate", ref, order, vmi(ref)))
+        await next_report(reports, migration_report(pair.source.node, "converged"))
+        await do(pair.source, source, work("migrate-abort", ref, order))
+        assert not any(r.migration and r.migration.state == "failed"
+                       for r in await fence(pair.source, reports)), "it did converge"
+        await do(pair.source, source, work("migrate-cleanup", ref, order))
+        assert guests(source) == {}, "the guest runs on the target only"
+        assert source.agent.migrations.book.outgoing == {}
+
+        again = await launched(pair, source, "again")
+        first = pair.order()
+        await do(pair.source, source, work("migrate", again, first, vmi(again)))
+        await next_report(reports, migration_report(pair.source.node, "converged"))
+        await do(pair.source, source, work("migrate-abort", again, first))  # then Failed
+        second = pair.order()
+        await do(pair.source, source, work("migrate", again, second, vmi(again)))
+        await next_report(reports, migration_report(pair.source.node, "converged",
+                                                    migration_uid=second.uid))
     finally:
         await source.close()
 
@@ -451,7 +484,30 @@ async def test_a_source_back_after_succeeded_removes_its_copy_quietly(pair: Pair
         await second.close()
 
 
+@pytest.mark.parametrize(("address", "accepted"), [
+    ("", True), ("127.0.0.3", True), ("node-2.example.org", True), ("fe80::1", True),
+    ("a b", False), ("host/path", False), ("[::1]", False), ("user@host", False),
+    ("-lead", False), ("h" * 254, False), ("host:16509", False)])
+def test_a_migration_address_is_a_host_or_it_does_not_decode(address: str,
+                                                             accepted: bool) -> None:
+    """It becomes part of the URIs a source's libvirt connects to: anything but a host name
+    or an IP address is refused where the message is decoded, in a report or an order."""
+    fields = {"uid": "u", "name": "m", "source_node": "a", "target_node": "b",
+              "target_address": address}
+    wire = msgspec.msgpack.encode(fields)
+    if accepted:
+        assert msgspec.msgpack.decode(wire, type=MigrationOrder).target_address == address
+        return
+    with pytest.raises(msgspec.ValidationError, match="target_address"):
+        msgspec.msgpack.decode(wire, type=MigrationOrder)
+    report = {"namespace": "n", "name": "v", "vmi_uid": "u", "migration_uid": "m",
+              "state": "target-ready", "target_address": address}
+    with pytest.raises(msgspec.ValidationError, match="target_address"):
+        msgspec.msgpack.decode(msgspec.msgpack.encode(report), type=MigrationObservation)
+
+
 @pytest.mark.parametrize(("flag", "value", "error"), [
+    ("--migration-address", "a b", "not a host name or an IP address: 'a b'"),
     ("--sim-migration-bandwidth", "0", "must be more than 0: '0'"),
     ("--sim-dirty-rate", "fast", "not a quantity: 'fast'"),
     ("--sim-dirty-rate", "-1Mi", "must not be negative: '-1Mi'"),

@@ -7,16 +7,20 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from controlplane.controllers.dispatcher import Dispatcher
 from events.codec import decode
 from events.messages import Command
 from events.migration import VirtualMachineInstanceMigrated
+from events.query import Query
 from projections.cluster import ClusterState, render_vmi
 from projections.hco import METRICS_QUERY, answer
-from projections.rendering import migration_object
+from projections.rendering import migration_object, render
 from tests.store.helpers import SyncHandler, run
 from tests.store.migration_helpers import MIGRATION, MigratingCluster
 from tests.store.test_feature_gates import apply, apply_hco
+from tests.store.test_workload_update import PVC, agent
 
 PHASES = ["Pending", "Scheduling", "Scheduled", "PreparingTarget", "TargetReady", "Running",
           "Succeeded"]
@@ -251,3 +255,28 @@ def test_migration_metrics_are_functions_of_the_log(handler: SyncHandler) -> Non
     for stored in handler.recorder.select_notifications(1, 10_000):
         replayed.apply(decode(stored.topic, stored.state), stored.id)
     assert answer(replayed, METRICS_QUERY, "", datetime.now(UTC))[0]["text"] == text
+
+
+def test_eviction_metrics_name_what_a_drain_cannot_move_and_count_the_outdated(
+        handler: SyncHandler) -> None:
+    """KubeVirt's `kubevirt_vmi_non_evictable`: 1 for a VMI whose eviction strategy is
+    LiveMigrate (the cluster's on three nodes) and that cannot live-migrate, 0 for one that
+    can or that may be shut down instead; `kubevirt_vmi_number_of_outdated` counts the VMIs
+    an agent upgrade left behind."""
+    c = cluster(handler)
+    nodes = {"web": c.running("web"), "db": c.running("db", PVC),
+             "batch": c.running("batch", {**PVC, "evictionStrategy": "LiveMigrateIfPossible"})}
+
+    def samples() -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+        [item] = render(c.state, Query(kind=METRICS_QUERY))
+        return {family.name: {tuple(sorted(s.labels.items())): s.value for s in family.samples}
+                for family in text_string_to_metric_families(item["text"])}
+
+    found = samples()
+    assert found["kubevirt_vmi_non_evictable"] == {
+        (("name", name), ("namespace", "default"), ("node", node)): float(name == "db")
+        for name, node in nodes.items()}
+    assert found["kubevirt_vmi_number_of_outdated"] == {(): 0.0}
+    agent(c, nodes["db"], "v2")  # its agent upgraded: what it launched is outdated
+    outdated = sum(node == nodes["db"] for node in nodes.values())
+    assert samples()["kubevirt_vmi_number_of_outdated"] == {(): float(outdated)}

@@ -60,6 +60,8 @@ class System:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.args: dict[str, list[str]] = {}
         self.env: dict[str, dict[str, str]] = {"controlplane": {"VIRTBUS_REPLICA": "cp-a"}}
+        self.entered: dict[str, list[str]] = {}
+        """A command prefix a process runs under (e.g. `nsenter` into a host's namespaces)."""
         self.http_port = free_port()
         # The command lines `virtbus up` runs, with `logs` as its data directory.
         up = UpOptions(data_dir=logs, nodes=nodes, prefix=prefix, node_grace_seconds=node_grace,
@@ -78,8 +80,9 @@ class System:
         env = {**os.environ, "VIRTBUS_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1",
                **self.env.get(name, {})}
         with (self.logs / f"{name}.log").open("ab") as out:
-            self.procs[name] = subprocess.Popen([sys.executable, *self.args[name]], stdout=out,
-                                                stderr=subprocess.STDOUT, env=env)
+            self.procs[name] = subprocess.Popen(
+                [*self.entered.get(name, []), sys.executable, *self.args[name]], stdout=out,
+                stderr=subprocess.STDOUT, env=env)
 
     def start_all(self) -> None:
         for name in self.args:

@@ -143,6 +143,25 @@ async def test_kill_9_mid_migration_leaves_the_guest_in_one_place(
     await eventually(lambda: only_on(vb, uid, target), what="the guest on its target only")
 
 
+async def test_kill_9_of_the_target_mid_migration_leaves_the_guest_in_one_place(
+        system: System, vb: Client) -> None:
+    """The target's agent, prepared, is killed mid-transfer; the source converges and the
+    log moves the VMI there while it is down. Back, it starts the guest it had prepared
+    for, as the finish waiting in its queue would: not reported missing, run once."""
+    await vb.apply(vm("far", dirty_rate="110M"))
+    source, uid = await running_on(vb, "far")
+    target = "node-2" if source == "node-1" else "node-1"
+    await vb.act("VirtualMachineInstance", "migrate", "default", "far")
+    await eventually(lambda: migration(vb, "far", "Running"), what="transferring")
+    system.kill(target)
+    await eventually(lambda: migration(vb, "far", "Succeeded"), what="Succeeded meanwhile")
+    system.start(target)
+    await eventually(lambda: only_on(vb, uid, target), what="the guest on its target only")
+    vmi = await vb.get("VirtualMachineInstance", "default", "far")
+    assert (vmi["metadata"]["uid"], vmi["status"]["nodeName"], vmi["status"]["phase"]) == (
+        uid, target, "Running")
+
+
 # -- a drain of many VMIs on three nodes ------------------------------------------------------
 
 
