@@ -33,6 +33,7 @@ from events.api.base import ObjectMeta
 from events.api.domain import CPU
 from events.api.hco import Condition, HyperConverged, OperandObject
 from events.api.vm import VirtualMachineInstanceSpec
+from events.api.vmi_defaults import DEFAULT_POD_BINDING
 from events.codec import now
 from events.errors import InvalidSpec
 from events.hco import (
@@ -108,6 +109,13 @@ def with_cluster_cpu_model(d_: Decision,
     if spec.domain.cpu is not None and spec.domain.cpu.model:
         return spec
     return with_cpu_model(spec, effective_kubevirt_configuration(d_).get("cpuModel", ""))
+
+
+def pod_binding(d_: Decision) -> str:
+    """The binding a VMI's default interface gets: the KubeVirt CR's
+    `network.defaultNetworkInterface` (HCO writes masquerade), else KubeVirt's default."""
+    network = effective_kubevirt_configuration(d_).get("network") or {}
+    return str(network.get("defaultNetworkInterface") or DEFAULT_POD_BINDING)
 
 
 def with_cpu_model(spec: VirtualMachineInstanceSpec, model: str) -> VirtualMachineInstanceSpec:

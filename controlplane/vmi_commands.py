@@ -13,7 +13,7 @@ import structlog
 from controlplane.aggregate import Aggregate
 from controlplane.feature_gates import VMI_METADATA_PATH, VMI_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
-from controlplane.hco_commands import with_cluster_cpu_model, with_cpu_model
+from controlplane.hco_commands import pod_binding, with_cluster_cpu_model, with_cpu_model
 from controlplane.instancetype.revisions import expand_for_start
 from controlplane.preset.commands import fill, presets_in
 from controlplane.vm_commands import KIND as VM_KIND_NAME
@@ -24,6 +24,7 @@ from events.api.vm import (
     VirtualMachineInstanceNetworkInterface,
     VirtualMachineInstanceSpec,
 )
+from events.api.vmi_defaults import POD_BINDINGS, with_pod_interface
 from events.errors import InvalidSpec
 from events.messages import DomainObservation, InterfacesObservation, node_actor
 from events.nodes import NODE_KIND
@@ -105,7 +106,8 @@ def apply(d: Decision) -> None:
         filled = fill(presets_in(d, new.metadata.namespace), new.metadata, new.spec).spec
         # The same spec applied again changes nothing, whatever the presets and the CPU
         # model defaulting added to it; only its labels may change.
-        if with_cpu_model(filled, model) != stored:
+        if all(with_pod_interface(with_cpu_model(filled, model), binding) != stored
+               for binding in POD_BINDINGS):
             raise InvalidSpec("spec", "a VirtualMachineInstance's spec cannot change")
         if new.metadata.labels != vmi.state.metadata.labels:
             d.trigger(vmi, VirtualMachineInstanceRelabeled, labels=dict(new.metadata.labels))
@@ -117,12 +119,14 @@ def create(d: Decision, vmi: Aggregate[VirtualMachineInstanceView], meta: Object
            spec: VirtualMachineInstanceSpec, presets: list[PresetView],
            **owned: str | int) -> None:
     """A new VMI as KubeVirt's mutating webhook makes it on CREATE: the matching `presets`
-    fill it (each conflict recorded on it), then the cluster's CPU model. `owned`: its
+    fill it (each conflict recorded on it), then the cluster's CPU model and, where it lists
+    no interface, the pod interface (`vmi_defaults.with_pod_interface`). `owned`: its
     owner's fields of `VirtualMachineInstanceCreated`."""
     filled = fill(presets, meta, spec)
     d.trigger(vmi, VirtualMachineInstanceCreated, uid=str(uuid.uuid4()),
               metadata=msgspec.structs.replace(meta, annotations=filled.annotations),
-              spec=with_cluster_cpu_model(d, filled.spec), **owned)
+              spec=with_pod_interface(with_cluster_cpu_model(d, filled.spec), pod_binding(d)),
+              **owned)
     for conflict in filled.conflicts:
         d.trigger(vmi, VirtualMachineInstancePresetConflicted, preset=conflict.preset,
                   applied=conflict.applied, message=conflict.message)
