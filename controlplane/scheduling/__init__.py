@@ -47,7 +47,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from controlplane.scheduling.facts import Demand, Snapshot
+from controlplane.scheduling.facts import Demand
+from controlplane.scheduling.ledger import Ledger
 from controlplane.scheduling.messages import fit_error
 from controlplane.scheduling.predicates import FILTERS, NODE_FILTERS, pod_context
 from controlplane.scheduling.priorities import best_node
@@ -61,15 +62,15 @@ class Placement:
     message: str = ""
 
 
-def decide(demand: Demand, snapshot: Snapshot, seed: int) -> Placement:
+def decide(demand: Demand, ledger: Ledger, seed: int) -> Placement:
     """Filter every node, then score the feasible ones; the chosen node is counted in
-    `snapshot` at once, so the next decision of the pass sees it taken."""
-    pods = pod_context(demand, snapshot)
+    `ledger` at once, so the next decision of the pass sees it taken."""
+    pods = pod_context(demand, ledger)
     filters = NODE_FILTERS if pods.empty else FILTERS
     reasons: Counter[str] = Counter()
     feasible = []
-    for node in snapshot.nodes:
-        usage = snapshot.usage[node.name]
+    for node in ledger.nodes:
+        usage = ledger.usage[node.name]
         for predicate in filters:
             failed = predicate(demand, node, usage, pods)
             if failed:
@@ -79,7 +80,7 @@ def decide(demand: Demand, snapshot: Snapshot, seed: int) -> Placement:
         else:
             feasible.append(node)
     if not feasible:
-        return Placement(None, fit_error(len(snapshot.nodes), reasons))
-    chosen = best_node(demand, feasible, snapshot, seed).name
-    snapshot.place(chosen, demand)
+        return Placement(None, fit_error(len(ledger.nodes), reasons))
+    chosen = best_node(demand, feasible, ledger, seed).name
+    ledger.place(chosen, demand)
     return Placement(chosen)

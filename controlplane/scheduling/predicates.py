@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from controlplane.scheduling import messages
-from controlplane.scheduling.facts import Demand, NodeFacts, Snapshot, Usage
+from controlplane.scheduling.facts import Demand, NodeFacts, Usage
+from controlplane.scheduling.ledger import Ledger
 from controlplane.scheduling.selectors import (
     term_matches,
     term_selects,
@@ -143,14 +144,14 @@ FILTERS: tuple[Filter, ...] = (node_unschedulable, taint_toleration, node_affini
 NODE_FILTERS: tuple[Filter, ...] = FILTERS[:4]
 """The filters that look at nothing but the node: all there is when `PodContext.empty`."""
 
-def pod_context(demand: Demand, snapshot: Snapshot) -> PodContext:
+def pod_context(demand: Demand, ledger: Ledger) -> PodContext:
     """What the pod-aware filters need for this decision, from every placed VMI."""
     context = PodContext()
     if not (demand.pod_affinity or demand.pod_anti_affinity or demand.spread
-            or snapshot.anti_affinity_placed):
+            or ledger.anti_affinity_placed):
         return context
-    placed = [(snapshot.facts[name], pod) for name, usage in snapshot.usage.items()
-              for pod in usage.pods]
+    placed = [(ledger.facts[name], pod) for name, usage in ledger.usage.items()
+              for pod in usage.pods.values()]
     for facts, pod in placed:
         for term in pod.anti_affinity:
             domain = facts.labels.get(term.topology_key)
@@ -169,8 +170,8 @@ def pod_context(demand: Demand, snapshot: Snapshot) -> PodContext:
         context.affinity.append((term.topology_key, None if first else affine))
     context.anti_affinity = [(term.topology_key, domains(term))
                              for term in demand.pod_anti_affinity]
-    eligible = [f for f in snapshot.nodes
-                if not node_affinity(demand, f, snapshot.usage[f.name], context)]
+    eligible = [f for f in ledger.nodes
+                if not node_affinity(demand, f, ledger.usage[f.name], context)]
     for constraint in demand.spread:
         if constraint.when_unsatisfiable != "DoNotSchedule":
             continue
