@@ -37,6 +37,7 @@ CPU_MODEL_HOST_MODEL = "host-model"
 CPU_MODEL_HOST_PASSTHROUGH = "host-passthrough"
 FEATURE_POLICIES_NEEDING_LABEL = frozenset({"", "require", "force"})
 FEATURE_POLICY_FORBID = "forbid"
+_encode = msgspec.msgpack.Encoder().encode
 DEFAULT_TOLERATIONS = (
     Toleration(key="node.kubernetes.io/not-ready", operator="Exists", effect="NoExecute",
                toleration_seconds=300),
@@ -155,6 +156,12 @@ class Demand:
 
     def pod(self) -> PodOnNode:
         return PodOnNode(self.namespace, self.labels, self.pod_anti_affinity)
+
+    def node_key(self) -> bytes:
+        """What the filters that read only the node look at, encoded: VMIs with the same
+        key fit the same nodes as far as those filters go."""
+        return _encode((self.node_selector, self.required_terms, self.absent_labels,
+                        self.host_model, self.avoid_obsolete_host_model, self.tolerations))
 
 
 def _placement_affinity(placement: NodePlacement | None) -> Affinity | None:

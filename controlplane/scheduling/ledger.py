@@ -10,7 +10,7 @@ holds is derived again from the view (`hold`), which replaces any such placement
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from controlplane.scheduling.facts import Demand, NodeFacts, PodOnNode, Usage
@@ -38,6 +38,10 @@ class Ledger:
         self.usage: dict[str, Usage] = {}
         self._held: dict[str, Held] = {}
         self._anti_affinity_pods = 0
+        self.node_verdicts: dict[bytes, list[Sequence[str]]] = {}
+        """What the filters that read only the node say of each of `nodes`, by the node
+        demands of a VMI (`Demand.node_key`): the same for every VMI that demands the same,
+        until a node changes."""
 
     @classmethod
     def of(cls, nodes: Iterable[NodeView], vmis: Iterable[VirtualMachineInstanceView],
@@ -124,3 +128,4 @@ class Ledger:
 
     def _sort(self) -> None:
         self.nodes = sorted(self.facts.values(), key=lambda f: f.name)
+        self.node_verdicts = {}

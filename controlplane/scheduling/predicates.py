@@ -99,14 +99,13 @@ def node_resources_fit(demand: Demand, node: NodeFacts, usage: Usage,
     """NodeResourcesFit: room for one more pod (when the node reports a pod capacity), then
     CPU, memory and each extended resource (devices, hugepages) asked for."""
     have, used = node.allocatable, usage.amounts
-    reasons: list[str] = []
+    short = [messages.insufficient(resource)
+             for resource, amount in demand.fit_checks[node.emulation]
+             if used.get(resource, 0) + amount > have.get(resource, 0)]
     pods = have.get(RESOURCE_PODS)
     if pods is not None and usage.pod_count() + 1 > pods:
-        reasons.append(messages.TOO_MANY_PODS)
-    for resource, amount in demand.fit_checks[node.emulation]:
-        if used.get(resource, 0) + amount > have.get(resource, 0):
-            reasons.append(messages.insufficient(resource))
-    return reasons
+        return [messages.TOO_MANY_PODS, *short]
+    return short
 
 
 def pod_topology_spread(_demand: Demand, node: NodeFacts, _usage: Usage,
@@ -141,8 +140,10 @@ def inter_pod_affinity(_demand: Demand, node: NodeFacts, _usage: Usage,
 FILTERS: tuple[Filter, ...] = (node_unschedulable, taint_toleration, node_affinity,
                                node_resources_fit, pod_topology_spread, inter_pod_affinity)
 """kube-scheduler's default filter order (of the plugins that apply to a VMI's pod)."""
-NODE_FILTERS: tuple[Filter, ...] = FILTERS[:4]
-"""The filters that look at nothing but the node: all there is when `PodContext.empty`."""
+NODE_ONLY_FILTERS: tuple[Filter, ...] = FILTERS[:3]
+"""The filters that read nothing but the node and the VMI's node demands."""
+USAGE_FILTERS: tuple[Filter, ...] = FILTERS[3:4]
+"""What is left to check when `PodContext.empty`: what the node holds."""
 
 def pod_context(demand: Demand, ledger: Ledger) -> PodContext:
     """What the pod-aware filters need for this decision, from every placed VMI."""

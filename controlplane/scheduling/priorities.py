@@ -32,6 +32,8 @@ def node_affinity_score(demand: Demand, node: NodeFacts, _ledger: Ledger) -> int
 def intolerable_prefer_no_schedule(demand: Demand, node: NodeFacts, _ledger: Ledger) -> int:
     """TaintToleration: how many PreferNoSchedule taints the VMI does not tolerate (fewer is
     better: normalized in reverse)."""
+    if not node.taints:
+        return 0
     return sum(1 for taint in node.taints if taint.effect == "PreferNoSchedule"
                and not any(tolerates(t, taint) for t in demand.tolerations))
 
