@@ -65,3 +65,15 @@ def test_the_folded_ledger_is_the_ledger_built_afresh(handler: SyncHandler) -> N
     folded = held(c.scheduler.ledger(c.state, tuning))
     assert folded == held(Ledger.of(c.state.nodes(), c.state.vmis(), tuning))
     assert sum(len(vmis) for _, vmis in folded.values()) == 4  # b, d, e, f
+
+
+def test_a_node_labelled_later_takes_the_vmi_waiting_for_the_label(
+        handler: SyncHandler) -> None:
+    """What the node-only filters said of a node is asked again once the node changes."""
+    c = live(handler, "3Gi")
+    c.follow(apply(vmi("ssd", {**SMALL, "nodeSelector": {"disk": "ssd"}})))
+    assert c.message("ssd") == ("0/1 nodes are available: 1 node(s) didn't match Pod's node "
+                                "affinity/selector.")
+    c.follow(Command(id=str(uuid.uuid4()), actor="user:erin", kind="Node", verb="label",
+                     name="n1", manifest={"labels": {"disk": "ssd"}}))
+    assert c.node_of("ssd") == "n1"
