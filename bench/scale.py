@@ -123,8 +123,11 @@ def peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
-async def apply_steadily(vb: Client, count: int, rate: float, sent: dict[str, float]) -> None:
-    """`count` VMs, one every 1/`rate` s, each apply awaited in its own task."""
+async def apply_steadily(vb: Client, count: int, rate: float, sent: dict[str, float],
+                         timeout: float) -> None:
+    """`count` VMs, one every 1/`rate` s, each apply's outcome awaited (up to `timeout`: a
+    control plane behind takes longer to answer than a client's default wait) in its own
+    task."""
     began = time.monotonic()
     tasks = []
     for i in range(count):
@@ -133,8 +136,16 @@ async def apply_steadily(vb: Client, count: int, rate: float, sent: dict[str, fl
             await asyncio.sleep(delay)  # the pace of the load, not synchronisation
         name = f"vm-{i:05d}"
         sent[name] = time.monotonic()
-        tasks.append(asyncio.ensure_future(vb.apply(manifest(name))))
+        tasks.append(asyncio.ensure_future(apply_one(vb, manifest(name), timeout)))
     await asyncio.gather(*tasks)
+
+
+async def apply_one(vb: Client, document: dict[str, Any], timeout: float) -> None:
+    command = vb.command("VirtualMachine", "apply", manifest=document)
+    await vb.submit(command)
+    outcome = await vb.outcome(command.id, timeout)
+    if not outcome.accepted:
+        raise SystemExit(f"apply refused: {outcome.reason}")
 
 
 async def restart_to_live(child: Child, timeout: float) -> float:
@@ -198,7 +209,7 @@ async def measure(args: argparse.Namespace, data: Path, server: EmbeddedNats) ->
                 stop=stop))
             sent: dict[str, float] = {}
             began = time.monotonic()
-            await apply_steadily(vb, args.vms, args.rate, sent)
+            await apply_steadily(vb, args.vms, args.rate, sent, args.timeout)
 
             async def all_running() -> bool:
                 return len(timeline.running) >= len(sent)
