@@ -1,6 +1,6 @@
 """The scheduler's ledger folded change by change, as the control loop shows it events one at a
-time: it never over-commits a node, frees what an ended VMI held, and always equals the
-ledger built from the read model afresh."""
+time: it never over-commits a node, frees what an ended VMI held, always equals the ledger
+built from the read model afresh, and asks the node-only filters again once a node changes."""
 
 from __future__ import annotations
 
