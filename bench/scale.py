@@ -9,10 +9,10 @@ One JSON line: `all_running_s` (first apply to last VMI Running), `decisions_per
 the controller's answer in the log: VM created to its VMI created, VMI created to it
 scheduled), `peak_rss_mb_<process>` (controlplane, projections, fleet, nats, bench),
 `events` in the log, the control plane's cold restart to live with and without snapshots
-(`restart_live_s_snapshots`,
-`restart_live_s_no_snapshots`), `get_at_ms` / `get_at_ms_no_snapshots` (the worst of a few
-past instants), `watch_since_first_ms` (a resumed watch to its first change), and the raw
-layer beneath a restart: `raw_log_read_s`, reading every message of the log (Direct Get
+(`restart_live_s_snapshots`, `restart_live_s_no_snapshots`), `get_at_ms` /
+`get_at_ms_no_snapshots` (the worst of a few past instants; null when one went unanswered
+for the client's whole wait), `watch_since_first_ms` (a resumed watch to its first change),
+and the raw layer beneath a restart: `raw_log_read_s`, reading every message of the log (Direct Get
 pages, nothing decoded).
 """
 
@@ -30,6 +30,8 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from bench.common import Figures, percentile, positive
 from controlplane.client import Client
@@ -123,8 +125,11 @@ def peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
-async def apply_steadily(vb: Client, count: int, rate: float, sent: dict[str, float]) -> None:
-    """`count` VMs, one every 1/`rate` s, each apply awaited in its own task."""
+async def apply_steadily(vb: Client, count: int, rate: float, sent: dict[str, float],
+                         timeout: float) -> None:
+    """`count` VMs, one every 1/`rate` s, each apply's outcome awaited (up to `timeout`: a
+    control plane behind takes longer to answer than a client's default wait) in its own
+    task."""
     began = time.monotonic()
     tasks = []
     for i in range(count):
@@ -133,8 +138,16 @@ async def apply_steadily(vb: Client, count: int, rate: float, sent: dict[str, fl
             await asyncio.sleep(delay)  # the pace of the load, not synchronisation
         name = f"vm-{i:05d}"
         sent[name] = time.monotonic()
-        tasks.append(asyncio.ensure_future(vb.apply(manifest(name))))
+        tasks.append(asyncio.ensure_future(apply_one(vb, manifest(name), timeout)))
     await asyncio.gather(*tasks)
+
+
+async def apply_one(vb: Client, document: dict[str, Any], timeout: float) -> None:
+    command = vb.command("VirtualMachine", "apply", manifest=document)
+    await vb.submit(command)
+    outcome = await vb.outcome(command.id, timeout)
+    if not outcome.accepted:
+        raise SystemExit(f"apply refused: {outcome.reason}")
 
 
 async def restart_to_live(child: Child, timeout: float) -> float:
@@ -153,12 +166,16 @@ async def restart_to_live(child: Child, timeout: float) -> float:
     return time.monotonic() - began
 
 
-async def get_at_ms(vb: Client, instants: list[int]) -> float:
-    """The slowest `get --at` of the instants (every VM at that sequence)."""
+async def get_at_ms(vb: Client, instants: list[int]) -> float | None:
+    """The slowest `get --at` of the instants (every VM at that sequence); None when one
+    went unanswered for the client's whole wait (`QUERY_TIMEOUT_SECONDS`)."""
     slowest = 0.0
     for sequence in instants:
         began = time.perf_counter()
-        await vb.query_at(sequence, "VirtualMachine")
+        try:
+            await vb.query_at(sequence, "VirtualMachine")
+        except (TimeoutError, NatsTimeoutError):
+            return None
         slowest = max(slowest, (time.perf_counter() - began) * 1000)
     return slowest
 
@@ -198,7 +215,7 @@ async def measure(args: argparse.Namespace, data: Path, server: EmbeddedNats) ->
                 stop=stop))
             sent: dict[str, float] = {}
             began = time.monotonic()
-            await apply_steadily(vb, args.vms, args.rate, sent)
+            await apply_steadily(vb, args.vms, args.rate, sent, args.timeout)
 
             async def all_running() -> bool:
                 return len(timeline.running) >= len(sent)
@@ -245,9 +262,13 @@ async def measure(args: argparse.Namespace, data: Path, server: EmbeddedNats) ->
         "restart_live_s_snapshots": round(restart_snapshots, 2),
         "restart_live_s_no_snapshots": round(restart_plain, 2),
         "raw_log_read_s": round(raw_log_read_s, 3),
-        "get_at_ms": round(get_at, 1), "get_at_ms_no_snapshots": round(get_at_plain, 1),
+        "get_at_ms": _rounded(get_at), "get_at_ms_no_snapshots": _rounded(get_at_plain),
         "watch_since_first_ms": round(watch_first, 1),
     }
+
+
+def _rounded(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 1)
 
 
 def main() -> None:

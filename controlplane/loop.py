@@ -1,5 +1,7 @@
-"""The control loop: one pass over the log feeds the read model, the dispatcher and the
-controllers, in that order, so each sees the same state at the same point.
+"""The control loop: one pass over the log feeds the read model and the dispatcher, in that
+order, so both see the same state at the same point; the controllers follow a batch at a
+time (every event folded since their last batch), their commands executed together and
+folded in before the next batch, so appends are pipelined while the log is still read.
 
 Start-up replays the log into the read model, from the newest snapshot no later than the
 dispatcher's checkpoint (`projections.snapshots`), dispatching only past that checkpoint,
@@ -72,6 +74,9 @@ class ControlLoop:
         self.dispatcher = Dispatcher(nc, layout)
         self.lifecycle = NodeLifecycle(nc, layout, node_grace_seconds)
         self.live = asyncio.Event()
+        self._unseen: list[Event] = []
+        """Events folded that the controllers have not been shown yet."""
+        self._woken = asyncio.Event()
         self._retrying: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
 
@@ -94,6 +99,7 @@ class ControlLoop:
             self._monitor_nodes(stop),
             self._wake_backoffs(stop),
             self._keep_work_consumers(stop),
+            self._control(stop),
         )
 
     async def _watch_heartbeats(self, stop: asyncio.Event) -> None:
@@ -133,8 +139,24 @@ class ControlLoop:
         await retry_until_stopped(lambda: self.dispatcher.on_event(sequence, event, self.state),
                                   "dispatching", self._stop, event_sequence=sequence)
         if self.live.is_set():
-            for controller in self.controllers:
-                await self.execute(controller.on_event(self.state, event))
+            self._unseen.append(event)
+            self._woken.set()
+
+    async def _control(self, stop: asyncio.Event) -> None:
+        """Show the controllers every event folded since their last batch, on the state as
+        it is now (no await between two of them, so all decide on one state), and execute
+        what they decide together. A command decided twice in a batch (the same id: the
+        same decision on the same state) runs once, as last decided: the scheduler's
+        ledger counts its last placement."""
+        if not await unless_stopped(self.live.wait(), stop):
+            return
+        while await unless_stopped(self._woken.wait(), stop):
+            self._woken.clear()
+            events, self._unseen = self._unseen, []
+            decided = {command.id: command for event in events
+                       for controller in self.controllers
+                       for command in controller.on_event(self.state, event)}
+            await self.execute(list(decided.values()))
 
     async def _caught_up(self) -> None:
         self.writer.handler.memory.complete = True

@@ -8,6 +8,7 @@ rewritten.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import threading
 from collections.abc import Callable
@@ -23,8 +24,11 @@ EVENT_ID_NAMESPACE = UUID("6f1c3f4e-8d0b-5c7a-9b39-7a1e0c6d2b11")
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+@functools.lru_cache(maxsize=8192)
 def event_id(originator_id: UUID | str, originator_version: int) -> UUID:
-    """An event's id, derived from its aggregate position so a retried append dedupes."""
+    """An event's id, derived from its aggregate position so a retried append dedupes;
+    remembered for the newest events, which the writer, the follower and the dispatcher
+    each ask for."""
     return uuid5(EVENT_ID_NAMESPACE, f"{originator_id}:{originator_version}")
 
 

@@ -238,6 +238,11 @@ class NodeAgent:
         self.busy = asyncio.Lock()
         """Held while a node command runs or the agent reconciles, so neither sees the
         other half done."""
+        self.reported: dict[str, tuple[str, bool, str]] = {}
+        """Each running guest's last report (phase, paused, why paused), by VMI uid, or the
+        one its launch under way is about to make: libvirt's echo of a launch (which may come
+        before the launch reports) repeats it, and a repeat changes nothing in the control
+        plane, so it is not reported (nor the host saved) again."""
         self.in_progress: dict[str, str] = {}
         """Domain name to the correlation id of the node command acting on it right now, so
         libvirt's echo of that action, if the watcher reports it first, carries the id too."""
@@ -455,6 +460,7 @@ class NodeAgent:
         if self.network is not None:
             await asyncio.to_thread(self.network.detach, ref.uid)
         self.ledger.release(ref.uid)
+        self.reported.pop(ref.uid, None)
         self.domains.pop(ref.domain, None)
         self.metrics_disks.pop(ref.domain, None)
         await self._persist()
@@ -534,6 +540,10 @@ class NodeAgent:
                       agent_connected=agent_connected)
         await self._report(NodeReport(id=str(uuid.uuid4()), node=self.cfg.node, kind="domain",
                                       domain=obs))
+        if gone or phase != GuestPhase.RUNNING:
+            self.reported.pop(ref.uid, None)
+        else:
+            self.reported[ref.uid] = (phase, paused, paused_reason)
 
     # -- loops -------------------------------------------------------------------------
 
@@ -762,6 +772,8 @@ class NodeAgent:
         for path in metrics_disks:
             await asyncio.to_thread(downwardmetrics.create_disk, path)
         self.ledger.acquire(ref.uid, self._device_demand(spec))
+        start_paused = spec.start_strategy == START_PAUSED
+        self.reported[ref.uid] = (GuestPhase.RUNNING, start_paused, "")
         self.domains[ref.domain] = ref
         if metrics_disks:
             self.metrics_disks[ref.domain] = metrics_disks
@@ -769,7 +781,7 @@ class NodeAgent:
             if self.network is not None:
                 await asyncio.to_thread(self.network.attach, ref, spec)
             dom = await asyncio.to_thread(lifecycle.define_and_start, self.conn, xml,
-                                          paused=spec.start_strategy == START_PAUSED)
+                                          paused=start_paused)
         except (libvirt.libvirtError, NetworkError):
             await self._remove(ref)  # the launch fails: nothing of it stays
             raise
@@ -800,6 +812,9 @@ class NodeAgent:
                 try:
                     if phase is GuestPhase.RUNNING:
                         verdict = await asyncio.to_thread(lifecycle.verdict_now, self.conn, obs)
+                        seen = (phase, verdict.paused, verdict.paused_reason)
+                        if self.reported.get(ref.uid) == seen:
+                            continue  # reported already, as it is
                         await self._persist()
                         await self.report_domain(ref, phase, reason, paused=verdict.paused,
                                                  paused_reason=verdict.paused_reason)

@@ -58,6 +58,9 @@ class ClusterState:
         """`id` and length of the `views` dict `_by_class` lists: views are only ever added
         (a deleted object keeps its view), so a different dict (a snapshot restored) or a
         different length means the index must be built again."""
+        self.observers: list[Callable[[View], None]] = []
+        """Told of each view just after an event changed it (a controller that folds what
+        it needs as the read model does, instead of reading every view again)."""
         self.last_sequence = 0
         self.skipped: Counter[str] = Counter()
         """Messages of the log this version could not decode, by reason (see
@@ -83,7 +86,9 @@ class ClusterState:
             if current:  # keep the index up to date rather than build it again
                 self._by_class.setdefault(view_cls, []).append(view)
                 self._indexed = (id(self.views), len(self.views))
-        view.apply(event, sequence)
+        if view.apply(event, sequence):
+            for observer in self.observers:
+                observer(view)
         return view
 
     def is_next(self, event: Event) -> bool:
@@ -108,6 +113,11 @@ class ClusterState:
 
     def _all(self, cls: type[V]) -> Iterator[V]:
         """Every existing view of `cls`, without looking at the views of other kinds."""
+        return (view for view in self._ever(cls) if view.exists)
+
+    def _ever(self, cls: type[V]) -> Iterator[V]:
+        """Every view of `cls`, deleted ones too, without looking at the views of other
+        kinds."""
         if self._indexed != (id(self.views), len(self.views)):
             self._by_class = {}
             for view in self.views.values():
@@ -115,9 +125,7 @@ class ClusterState:
             self._indexed = (id(self.views), len(self.views))
         for view_cls, views in list(self._by_class.items()):
             if issubclass(view_cls, cls):
-                for view in views:
-                    if view.exists:
-                        yield view  # type: ignore[misc]
+                yield from views  # type: ignore[misc]
 
     def vms(self) -> Iterator[VirtualMachineView]:
         return self._all(VirtualMachineView)
@@ -144,9 +152,8 @@ class ClusterState:
         """The newest sequence of any preset of `namespace`, deleted ones too: what creating
         a VMI there reads, so a controller's creation decided again after a preset changed
         is a new command."""
-        return max((v.last_sequence for v in self.views.values()
-                    if isinstance(v, PresetView) and v.metadata.namespace == namespace),
-                   default=0)
+        return max((v.last_sequence for v in self._ever(PresetView)
+                    if v.metadata.namespace == namespace), default=0)
 
     def replicas(self, namespace: str, name: str) -> list[VirtualMachineInstanceView]:
         """The replica set's active VMIs (KubeVirt's `filterActiveVMIs`: not final, not being

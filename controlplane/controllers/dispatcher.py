@@ -194,25 +194,24 @@ class Dispatcher:
             return _migration_work(event, view, state)
         if not isinstance(view, VirtualMachineInstanceView) or view.spec is None:
             return []
-        common = _common(event, view)
         match event:
             case VirtualMachineInstanceScheduled(node=node):
                 return [(node, "launch", NodeCommand(verb="launch", vmi=vmi_manifest(view),
-                                                     **common))]
+                                                     **_common(event, view)))]
             case VirtualMachineInstanceDeletionRequested(grace_period_seconds=grace):
                 if not view.node:
                     return []
                 return [(view.node, "stop", NodeCommand(verb="stop", grace_period_seconds=grace,
-                                                        **common))]
+                                                        **_common(event, view)))]
             case VirtualMachineInstanceNodeAction(action=action):
                 if not view.node:
                     return []
-                return [(view.node, action, NodeCommand(verb=action, **common))]
+                return [(view.node, action, NodeCommand(verb=action, **_common(event, view)))]
             case VirtualMachineInstancePhaseChanged(reason=reason) if (
                     reason == NODE_UNRESPONSIVE and view.node):
                 # Failed while its node was silent, and maybe replaced elsewhere: the guest
                 # may still run there, and virt-handler removes the domain of a final VMI.
-                return [(view.node, "stop", NodeCommand(verb="stop", **common))]
+                return [(view.node, "stop", NodeCommand(verb="stop", **_common(event, view)))]
             case _:
                 return []
 

@@ -7,13 +7,13 @@ so a resync appends nothing new. It is decided again whenever something could ma
 fit: a node's change (registration, labels, taints, cordon, readiness), a VMI that frees
 what it held, a change of the cluster configuration.
 
-Every pass decides on one `Snapshot`, counting each placement in before the next decision,
-so VMIs started together never over-commit a node.
+What each node holds and the VMIs waiting are folded from the read model's changes as they
+happen (its observers), so a decision costs a loop over the nodes, whatever the number of
+VMIs; each placement is counted in the ledger at once, so VMIs started together never
+over-commit a node. A resync builds both again from the read model.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 import msgspec
 import structlog
@@ -21,8 +21,10 @@ import structlog
 from controlplane.controllers import derived_command
 from controlplane.defaults import SCHEDULER_TIE_BREAK_SEED
 from controlplane.scheduling import decide
-from controlplane.scheduling.facts import Snapshot, demand_of
+from controlplane.scheduling.facts import demand_of
+from controlplane.scheduling.ledger import Ledger
 from events.api.hco import NodePlacement
+from events.api.resources import ClusterTuning
 from events.codec import Event
 from events.messages import Command
 from events.nodes import NODE_KIND
@@ -30,7 +32,7 @@ from events.subjects import split_aggregate_id
 from events.vm import VMI_KIND
 from projections.cluster import ClusterState
 from projections.hco import HCO_VIEW_KINDS, cluster_tuning, effective_kubevirt
-from projections.views import VirtualMachineInstanceView
+from projections.views import NodeView, View, VirtualMachineInstanceView
 
 log = structlog.get_logger(__name__)
 
@@ -59,36 +61,77 @@ class Scheduler:
 
     def __init__(self, seed: int = SCHEDULER_TIE_BREAK_SEED) -> None:
         self.seed = seed
-        self._snapshot: Snapshot | None = None
+        self._state: ClusterState | None = None
+        """The read model this scheduler observes."""
+        self._ledger: Ledger | None = None
+        """None: to be built again from the read model before the next decision."""
+        self._config: tuple[ClusterTuning, NodePlacement | None] | None = None
+        self._waiting: dict[str, VirtualMachineInstanceView] = {}
+        """The VMIs to place, by aggregate id, in the order they came to wait."""
 
     def on_event(self, state: ClusterState, event: Event) -> list[Command]:
+        if state is not self._state:
+            return self.resync(state)
         kind, namespace, name = split_aggregate_id(event.originator_id)
         if kind == VMI_KIND:
             vmi = state.vmi(namespace, name)
-            if vmi is not None and waiting(vmi):
+            if vmi is not None and vmi.id in self._waiting:
                 return self._pass(state, [vmi], event.correlation_id)
             if vmi is None or not vmi.active:  # what it held is free: others may fit now
-                return self.resync(state)
+                return self._pass(state, list(self._waiting.values()))
             return []
         if kind == NODE_KIND or kind in HCO_VIEW_KINDS:
-            return self.resync(state)
+            return self._pass(state, list(self._waiting.values()))
         return []
 
     def resync(self, state: ClusterState) -> list[Command]:
-        return self._pass(state, [v for v in state.vmis() if waiting(v)])
+        """Everything built again from `state`, which is observed from now on; every
+        waiting VMI decided."""
+        if state is not self._state:
+            if self._state is not None:
+                self._state.observers.remove(self._observe)
+            state.observers.append(self._observe)
+            self._state = state
+        self._ledger = self._config = None
+        self._waiting = {v.id: v for v in state.vmis() if waiting(v)}
+        return self._pass(state, list(self._waiting.values()))
 
-    def _pass(self, state: ClusterState, vmis: Iterable[VirtualMachineInstanceView],
+    def ledger(self, state: ClusterState, tuning: ClusterTuning) -> Ledger:
+        """What each node holds, as folded so far (built from `state` where it must be)."""
+        if self._ledger is None or self._ledger.tuning != tuning:
+            self._ledger = Ledger.of(state.nodes(), state.vmis(), tuning)
+        return self._ledger
+
+    def _observe(self, view: View) -> None:
+        """Fold one change of the read model in."""
+        if isinstance(view, VirtualMachineInstanceView):
+            if waiting(view):
+                self._waiting.setdefault(view.id, view)
+            else:
+                self._waiting.pop(view.id, None)
+            if self._ledger is not None:
+                self._ledger.hold(view)
+        elif isinstance(view, NodeView):
+            if self._ledger is not None and not self._ledger.update_node(view):
+                self._ledger = None
+        elif split_aggregate_id(view.id)[0] in HCO_VIEW_KINDS:
+            self._config = None
+
+    def _pass(self, state: ClusterState, vmis: list[VirtualMachineInstanceView],
               correlation_id: str = "") -> list[Command]:
-        pending = [(v, v.spec) for v in vmis if v.spec is not None]  # none: nothing to place
-        if not pending:
+        if not vmis:
             return []
-        tuning = cluster_tuning(state)
-        placement = workload_placement(state)
-        snapshot = self._snapshot = Snapshot(state.nodes(), state.vmis(), tuning,
-                                             self._snapshot)
+        if self._config is None:
+            self._config = cluster_tuning(state), workload_placement(state)
+        tuning, placement = self._config
+        ledger = self.ledger(state, tuning)
         commands: list[Command] = []
-        for vmi, spec in pending:
-            decided = decide(demand_of(vmi, spec, placement, tuning), snapshot, self.seed)
+        for vmi in vmis:
+            spec = vmi.spec
+            if spec is None:  # nothing to place
+                continue
+            ledger.release(vmi.id)  # a placement of an earlier pass that never took
+            decided = decide(demand_of(vmi, spec, placement, tuning), ledger, self.seed)
             meta, correlation = vmi.metadata, correlation_id or vmi.correlation_id
             if decided.node is not None:
                 commands.append(derived_command(

@@ -28,7 +28,8 @@ from controlplane.controllers.scheduler import workload_placement
 from controlplane.defaults import SCHEDULER_TIE_BREAK_SEED
 from controlplane.migration.config import migration_config
 from controlplane.scheduling import decide
-from controlplane.scheduling.facts import Demand, Snapshot, demand_of
+from controlplane.scheduling.facts import Demand, demand_of
+from controlplane.scheduling.ledger import Ledger
 from events.api.migration import KIND
 from events.api.scheduling import LABEL_HOSTNAME, NodeSelectorRequirement, NodeSelectorTerm
 from events.codec import Event
@@ -116,14 +117,14 @@ class MigrationController:
             return []
         tuning = cluster_tuning(state)
         placement = workload_placement(state)
-        snapshot = Snapshot(state.nodes(), state.vmis(), tuning)
+        ledger = Ledger.of(state.nodes(), state.vmis(), tuning)
         out: list[Command] = []
         for m in scheduling:
             vmi = state.vmi(m.metadata.namespace, m.vmi_name)
             if vmi is None or vmi.spec is None:
                 continue  # `_failures` fails it
             demand = away_from(demand_of(vmi, vmi.spec, placement, tuning), m.source_node)
-            decided = decide(demand, snapshot, self.seed)
+            decided = decide(demand, ledger, self.seed)
             if decided.node is not None:
                 out.append(self._command(m, "schedule-target",
                                          manifest={"node": decided.node}))

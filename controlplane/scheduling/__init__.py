@@ -45,11 +45,21 @@ Scores (`priorities`), each normalized over the feasible nodes to 0..100, then w
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controlplane.scheduling.facts import Demand, Snapshot
+from controlplane.scheduling.facts import Demand, NodeFacts, Usage
+from controlplane.scheduling.ledger import Ledger
 from controlplane.scheduling.messages import fit_error
-from controlplane.scheduling.predicates import FILTERS, NODE_FILTERS, pod_context
+from controlplane.scheduling.predicates import (
+    FILTERS,
+    FITS,
+    NODE_ONLY_FILTERS,
+    USAGE_FILTERS,
+    Filter,
+    PodContext,
+    pod_context,
+)
 from controlplane.scheduling.priorities import best_node
 
 
@@ -61,25 +71,40 @@ class Placement:
     message: str = ""
 
 
-def decide(demand: Demand, snapshot: Snapshot, seed: int) -> Placement:
+def decide(demand: Demand, ledger: Ledger, seed: int) -> Placement:
     """Filter every node, then score the feasible ones; the chosen node is counted in
-    `snapshot` at once, so the next decision of the pass sees it taken."""
-    pods = pod_context(demand, snapshot)
-    filters = NODE_FILTERS if pods.empty else FILTERS
+    `ledger` at once, so the next decision sees it taken. What the node-only filters say
+    is worked out once per kind of demand (`Ledger.node_verdicts`) while the nodes stay as they
+    are."""
+    pods = pod_context(demand, ledger)
+    filters = USAGE_FILTERS if pods.empty else FILTERS[len(NODE_ONLY_FILTERS):]
+    key = demand.node_key()
+    verdicts = ledger.node_verdicts.get(key)
+    if verdicts is None:
+        verdicts = ledger.node_verdicts[key] = [
+            _first_failure(NODE_ONLY_FILTERS, demand, node, ledger.usage[node.name], pods)
+            for node in ledger.nodes]
     reasons: Counter[str] = Counter()
     feasible = []
-    for node in snapshot.nodes:
-        usage = snapshot.usage[node.name]
-        for predicate in filters:
-            failed = predicate(demand, node, usage, pods)
-            if failed:
-                for reason in failed:
-                    reasons[reason] += 1
-                break
+    for node, verdict in zip(ledger.nodes, verdicts, strict=True):
+        failed = verdict or _first_failure(filters, demand, node, ledger.usage[node.name],
+                                           pods)
+        if failed:
+            reasons.update(failed)
         else:
             feasible.append(node)
     if not feasible:
-        return Placement(None, fit_error(len(snapshot.nodes), reasons))
-    chosen = best_node(demand, feasible, snapshot, seed).name
-    snapshot.place(chosen, demand)
+        return Placement(None, fit_error(len(ledger.nodes), reasons))
+    chosen = best_node(demand, feasible, ledger, seed).name
+    ledger.place(chosen, demand)
     return Placement(chosen)
+
+
+def _first_failure(filters: Sequence[Filter], demand: Demand, node: NodeFacts, usage: Usage,
+                   pods: PodContext) -> Sequence[str]:
+    """The reasons of the first filter `node` fails, or nothing."""
+    for predicate in filters:
+        failed = predicate(demand, node, usage, pods)
+        if failed:
+            return failed
+    return FITS

@@ -1,15 +1,11 @@
-"""What one scheduling pass decides on: each node as the predicates see it (`NodeFacts`,
-kept while the node's version stands), what each node holds now (`Usage`, from the active
-VMIs once per pass, plus what this pass placed), and a VMI's demands (`Demand`).
-
-A pass builds these once, so a decision is a loop over nodes with no parsing in it, and
-every VMI placed in the pass is counted against its node before the next is decided: many
-VMIs starting at once never over-commit a node.
+"""What a scheduling decision reads: each node as the predicates see it (`NodeFacts`,
+rebuilt only when the node's version changes), what a node holds (`Usage`, kept by
+`ledger.Ledger`), and a VMI's demands (`Demand`), all parsed beforehand so a decision is a
+loop over nodes with no parsing in it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -41,6 +37,7 @@ CPU_MODEL_HOST_MODEL = "host-model"
 CPU_MODEL_HOST_PASSTHROUGH = "host-passthrough"
 FEATURE_POLICIES_NEEDING_LABEL = frozenset({"", "require", "force"})
 FEATURE_POLICY_FORBID = "forbid"
+_encode = msgspec.msgpack.Encoder().encode
 DEFAULT_TOLERATIONS = (
     Toleration(key="node.kubernetes.io/not-ready", operator="Exists", effect="NoExecute",
                toleration_seconds=300),
@@ -99,18 +96,26 @@ class PodOnNode:
 
 @dataclass(slots=True)
 class Usage:
-    """What a node holds: the same units as `NodeFacts.allocatable`, and its pods."""
+    """What a node holds: the same units as `NodeFacts.allocatable`, and its pods by the
+    VMI that holds them (its aggregate id)."""
 
     amounts: dict[str, int] = field(default_factory=dict)
-    pods: list[PodOnNode] = field(default_factory=list)
+    pods: dict[str, PodOnNode] = field(default_factory=dict)
 
-    def add(self, ask: VMIResources, pod: PodOnNode) -> None:
+    def add(self, holder: str, ask: VMIResources, pod: PodOnNode) -> None:
+        self._count(ask, 1)
+        self.pods[holder] = pod
+
+    def remove(self, holder: str, ask: VMIResources) -> None:
+        self._count(ask, -1)
+        del self.pods[holder]
+
+    def _count(self, ask: VMIResources, sign: int) -> None:
         amounts = self.amounts
-        amounts[RESOURCE_CPU] = amounts.get(RESOURCE_CPU, 0) + ask.cpu_millis
-        amounts[RESOURCE_MEMORY] = amounts.get(RESOURCE_MEMORY, 0) + ask.memory_bytes
+        amounts[RESOURCE_CPU] = amounts.get(RESOURCE_CPU, 0) + sign * ask.cpu_millis
+        amounts[RESOURCE_MEMORY] = amounts.get(RESOURCE_MEMORY, 0) + sign * ask.memory_bytes
         for resource, amount in ask.extended.items():
-            amounts[resource] = amounts.get(resource, 0) + amount
-        self.pods.append(pod)
+            amounts[resource] = amounts.get(resource, 0) + sign * amount
 
     def pod_count(self) -> int:
         return len(self.pods)
@@ -122,6 +127,8 @@ class Demand:
     and tolerations, the HyperConverged's `workloads.nodePlacement`, and the node selector
     and affinity KubeVirt renders from its CPU (`nodeselectorrenderer.go`)."""
 
+    holder: str
+    """The VMI's aggregate id: what a placement is counted under."""
     uid: str
     namespace: str
     labels: dict[str, str]
@@ -149,6 +156,12 @@ class Demand:
 
     def pod(self) -> PodOnNode:
         return PodOnNode(self.namespace, self.labels, self.pod_anti_affinity)
+
+    def node_key(self) -> bytes:
+        """What the filters that read only the node look at, encoded: VMIs with the same
+        key fit the same nodes as far as those filters go."""
+        return _encode((self.node_selector, self.required_terms, self.absent_labels,
+                        self.host_model, self.avoid_obsolete_host_model, self.tolerations))
 
 
 def _placement_affinity(placement: NodePlacement | None) -> Affinity | None:
@@ -199,7 +212,7 @@ def demand_of(vmi: VirtualMachineInstanceView, spec: VirtualMachineInstanceSpec,
     asks = {emulation: vmi_resources(spec.domain, emulation=emulation, tuning=tuning)
             for emulation in (False, True)}
     return Demand(
-        uid=vmi.uid, namespace=vmi.metadata.namespace, labels=vmi.metadata.labels,
+        holder=vmi.id, uid=vmi.uid, namespace=vmi.metadata.namespace, labels=vmi.metadata.labels,
         node_selector=selector, required_terms=required, absent_labels=forbidden,
         host_model=model == CPU_MODEL_HOST_MODEL, avoid_obsolete_host_model=not model,
         preferred_terms=preferred, tolerations=tolerations,
@@ -220,55 +233,3 @@ def _fit_checks(ask: VMIResources) -> tuple[tuple[str, int], ...]:
     checks = ((RESOURCE_CPU, ask.cpu_millis), (RESOURCE_MEMORY, ask.memory_bytes),
               *sorted(ask.extended.items()))
     return tuple((resource, amount) for resource, amount in checks if amount)
-
-
-class Snapshot:
-    """The nodes and what they hold, for one pass; `place` counts a decision in at once.
-
-    Node facts and VMI asks are carried over from the previous pass (`previous`) while the
-    node's version, or the VMI and the tuning, stay the same: a pass parses only what changed.
-    """
-
-    def __init__(self, nodes: Iterable[NodeView], vmis: Iterable[VirtualMachineInstanceView],
-                 tuning: ClusterTuning, previous: Snapshot | None = None) -> None:
-        self.tuning = tuning
-        known = previous.facts if previous is not None else {}
-        self.facts: dict[str, NodeFacts] = {}
-        for node in nodes:
-            if node.info is None:
-                continue
-            facts = known.get(node.name)
-            self.facts[node.name] = (facts if facts is not None
-                                     and facts.version == node.version else NodeFacts.of(node))
-        self.nodes = sorted(self.facts.values(), key=lambda f: f.name)
-        self.usage: dict[str, Usage] = {name: Usage() for name in self.facts}
-        reuse = previous is not None and previous.tuning == tuning
-        asks = previous.asks if reuse and previous is not None else {}
-        self.asks: dict[tuple[str, bool], VMIResources] = {}
-        self.anti_affinity_placed = False
-        """Whether some placed VMI keeps others away: then every decision must look."""
-        for vmi in vmis:
-            if not vmi.active or vmi.spec is None:
-                continue
-            # A migration in flight holds the VMI's resources on its target too, as
-            # KubeVirt's target pod does.
-            for held_on in (vmi.node, vmi.migration_target):
-                usage = self.usage.get(held_on) if held_on else None
-                if usage is None:
-                    continue
-                emulation = self.facts[held_on].emulation
-                key = (vmi.uid, emulation)
-                ask = asks.get(key)
-                if ask is None:
-                    ask = vmi_resources(vmi.spec.domain, emulation=emulation, tuning=tuning)
-                self.asks[key] = ask
-                anti = vmi.spec.affinity.pod_anti_affinity if vmi.spec.affinity else None
-                pod = PodOnNode(vmi.metadata.namespace, vmi.metadata.labels, tuple(
-                    anti.required_during_scheduling_ignored_during_execution if anti else ()))
-                usage.add(ask, pod)
-                self.anti_affinity_placed |= bool(pod.anti_affinity)
-
-    def place(self, node: str, demand: Demand) -> None:
-        """Count `demand` on `node`: what this pass decides holds from now on."""
-        self.usage[node].add(demand.asks[self.facts[node].emulation], demand.pod())
-        self.anti_affinity_placed |= bool(demand.pod_anti_affinity)

@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from controlplane.scheduling import messages
-from controlplane.scheduling.facts import Demand, NodeFacts, Snapshot, Usage
+from controlplane.scheduling.facts import Demand, NodeFacts, Usage
+from controlplane.scheduling.ledger import Ledger
 from controlplane.scheduling.selectors import (
     term_matches,
     term_selects,
@@ -98,14 +99,13 @@ def node_resources_fit(demand: Demand, node: NodeFacts, usage: Usage,
     """NodeResourcesFit: room for one more pod (when the node reports a pod capacity), then
     CPU, memory and each extended resource (devices, hugepages) asked for."""
     have, used = node.allocatable, usage.amounts
-    reasons: list[str] = []
+    short = [messages.insufficient(resource)
+             for resource, amount in demand.fit_checks[node.emulation]
+             if used.get(resource, 0) + amount > have.get(resource, 0)]
     pods = have.get(RESOURCE_PODS)
     if pods is not None and usage.pod_count() + 1 > pods:
-        reasons.append(messages.TOO_MANY_PODS)
-    for resource, amount in demand.fit_checks[node.emulation]:
-        if used.get(resource, 0) + amount > have.get(resource, 0):
-            reasons.append(messages.insufficient(resource))
-    return reasons
+        return [messages.TOO_MANY_PODS, *short]
+    return short
 
 
 def pod_topology_spread(_demand: Demand, node: NodeFacts, _usage: Usage,
@@ -140,17 +140,19 @@ def inter_pod_affinity(_demand: Demand, node: NodeFacts, _usage: Usage,
 FILTERS: tuple[Filter, ...] = (node_unschedulable, taint_toleration, node_affinity,
                                node_resources_fit, pod_topology_spread, inter_pod_affinity)
 """kube-scheduler's default filter order (of the plugins that apply to a VMI's pod)."""
-NODE_FILTERS: tuple[Filter, ...] = FILTERS[:4]
-"""The filters that look at nothing but the node: all there is when `PodContext.empty`."""
+NODE_ONLY_FILTERS: tuple[Filter, ...] = FILTERS[:3]
+"""The filters that read nothing but the node and the VMI's node demands."""
+USAGE_FILTERS: tuple[Filter, ...] = FILTERS[3:4]
+"""What is left to check when `PodContext.empty`: what the node holds."""
 
-def pod_context(demand: Demand, snapshot: Snapshot) -> PodContext:
+def pod_context(demand: Demand, ledger: Ledger) -> PodContext:
     """What the pod-aware filters need for this decision, from every placed VMI."""
     context = PodContext()
     if not (demand.pod_affinity or demand.pod_anti_affinity or demand.spread
-            or snapshot.anti_affinity_placed):
+            or ledger.anti_affinity_placed):
         return context
-    placed = [(snapshot.facts[name], pod) for name, usage in snapshot.usage.items()
-              for pod in usage.pods]
+    placed = [(ledger.facts[name], pod) for name, usage in ledger.usage.items()
+              for pod in usage.pods.values()]
     for facts, pod in placed:
         for term in pod.anti_affinity:
             domain = facts.labels.get(term.topology_key)
@@ -169,8 +171,8 @@ def pod_context(demand: Demand, snapshot: Snapshot) -> PodContext:
         context.affinity.append((term.topology_key, None if first else affine))
     context.anti_affinity = [(term.topology_key, domains(term))
                              for term in demand.pod_anti_affinity]
-    eligible = [f for f in snapshot.nodes
-                if not node_affinity(demand, f, snapshot.usage[f.name], context)]
+    eligible = [f for f in ledger.nodes
+                if not node_affinity(demand, f, ledger.usage[f.name], context)]
     for constraint in demand.spread:
         if constraint.when_unsatisfiable != "DoNotSchedule":
             continue

@@ -15,31 +15,34 @@ from controlplane.defaults import (
     SCORE_WEIGHT_NODE_RESOURCES_FIT,
     SCORE_WEIGHT_TAINT_TOLERATION,
 )
-from controlplane.scheduling.facts import Demand, NodeFacts, Snapshot
+from controlplane.scheduling.facts import Demand, NodeFacts
+from controlplane.scheduling.ledger import Ledger
 from controlplane.scheduling.selectors import term_matches, term_selects, tolerates
 from events.api.node import RESOURCE_CPU, RESOURCE_MEMORY
 
-Score = Callable[[Demand, NodeFacts, Snapshot], int]
+Score = Callable[[Demand, NodeFacts, Ledger], int]
 
 
-def node_affinity_score(demand: Demand, node: NodeFacts, _snapshot: Snapshot) -> int:
+def node_affinity_score(demand: Demand, node: NodeFacts, _ledger: Ledger) -> int:
     """NodeAffinity: the weights of the preferred terms the node matches."""
     return sum(p.weight for p in demand.preferred_terms
                if term_matches(p.preference, node.name, node.labels))
 
 
-def intolerable_prefer_no_schedule(demand: Demand, node: NodeFacts, _snapshot: Snapshot) -> int:
+def intolerable_prefer_no_schedule(demand: Demand, node: NodeFacts, _ledger: Ledger) -> int:
     """TaintToleration: how many PreferNoSchedule taints the VMI does not tolerate (fewer is
     better: normalized in reverse)."""
+    if not node.taints:
+        return 0
     return sum(1 for taint in node.taints if taint.effect == "PreferNoSchedule"
                and not any(tolerates(t, taint) for t in demand.tolerations))
 
 
-def least_allocated(demand: Demand, node: NodeFacts, snapshot: Snapshot) -> int:
+def least_allocated(demand: Demand, node: NodeFacts, ledger: Ledger) -> int:
     """NodeResourcesFit (LeastAllocated): the share of CPU and memory left free once the
     VMI is placed, averaged."""
     ask = demand.asks[node.emulation]
-    used = snapshot.usage[node.name].amounts
+    used = ledger.usage[node.name].amounts
     total = 0
     for resource, amount in ((RESOURCE_CPU, ask.cpu_millis), (RESOURCE_MEMORY, ask.memory_bytes)):
         have = node.allocatable.get(resource, 0)
@@ -48,7 +51,7 @@ def least_allocated(demand: Demand, node: NodeFacts, snapshot: Snapshot) -> int:
     return total // 2
 
 
-def inter_pod_affinity_score(demand: Demand, node: NodeFacts, snapshot: Snapshot) -> int:
+def inter_pod_affinity_score(demand: Demand, node: NodeFacts, ledger: Ledger) -> int:
     """InterPodAffinity: per placed VMI in the node's domain of a preferred term, + the
     weight of a matching affinity term, - that of a matching anti-affinity term."""
     score = 0
@@ -59,11 +62,11 @@ def inter_pod_affinity_score(demand: Demand, node: NodeFacts, snapshot: Snapshot
             domain = node.labels.get(term.topology_key)
             if domain is None:
                 continue
-            for name, usage in snapshot.usage.items():
-                if snapshot.facts[name].labels.get(term.topology_key) != domain:
+            for name, usage in ledger.usage.items():
+                if ledger.facts[name].labels.get(term.topology_key) != domain:
                     continue
                 score += sign * weighted.weight * sum(
-                    1 for pod in usage.pods
+                    1 for pod in usage.pods.values()
                     if term_selects(term, demand.namespace, pod.namespace, pod.labels))
     return score
 
@@ -101,14 +104,14 @@ def tie_break(seed: int, uid: str, node: str) -> int:
     return zlib.crc32(f"{seed}/{uid}/{node}".encode())
 
 
-def best_node(demand: Demand, feasible: Sequence[NodeFacts], snapshot: Snapshot,
+def best_node(demand: Demand, feasible: Sequence[NodeFacts], ledger: Ledger,
               seed: int) -> NodeFacts:
     """The feasible node with the highest weighted total, ties broken by `tie_break`."""
     totals = [0] * len(feasible)
     for score, weight, reverse, applies in SCORES:
         if not applies(demand):
             continue
-        raw = [score(demand, node, snapshot) for node in feasible]
+        raw = [score(demand, node, ledger) for node in feasible]
         if len(set(raw)) <= 1:
             continue  # the same for every node: it decides nothing
         for i, value in enumerate(_normalized(raw, reverse=reverse)):

@@ -23,7 +23,14 @@ import pytest
 from controlplane.controllers.hco import HCOController
 from events.api import hco_defaults
 from events.api.resources import KVM_DEVICE, TUN_DEVICE
-from events.messages import Command, DomainObservation, NodeCommand, SimRequest, node_actor
+from events.messages import (
+    Command,
+    DomainObservation,
+    NodeCommand,
+    NodeReport,
+    SimRequest,
+    node_actor,
+)
 from events.query import Query, ask
 from events.streams import ensure_all
 from events.subjects import Layout
@@ -263,3 +270,35 @@ async def test_a_guest_agent_connecting_is_the_vmis_agentconnected_condition(
     assert "AgentConnected" not in await observe("Running", False)
     assert "AgentConnected" in await observe("Running", True)
     assert "AgentConnected" not in await observe("Failed", True)
+
+
+async def test_libvirts_echo_of_a_launch_is_not_reported_again(
+        cluster: Cluster, nats_url: str, conn: libvirt.virConnect) -> None:
+    """The launch reports Running; libvirt's started event, which the watcher sees around
+    then, says nothing new, so the next report of the guest is the pause that follows
+    (libvirt's events come in order: a repeat would come before it)."""
+    ref = await cluster.placed("echoed")
+    reports = await cluster.nc.jetstream().pull_subscribe(
+        cluster.layout.reports_filter, stream=cluster.layout.reports_stream)
+    running = await start(cluster, nats_url)
+    try:
+        await running.agent.execute(cluster.launch(ref), ref)
+        pause = NodeCommand(event_id=str(uuid.uuid4()), verb="pause", namespace=ref.namespace,
+                            name=ref.name, uid=ref.uid)
+        await running.agent.execute(pause, ref)
+        seen: list[tuple[str, str, bool]] = []
+        deadline = time.monotonic() + WAIT_SECONDS
+        while not (seen and seen[-1][2]) and time.monotonic() < deadline:
+            try:
+                msgs = await reports.fetch(16, timeout=1.0)
+            except TimeoutError:
+                continue
+            for msg in msgs:
+                await msg.ack()
+                obs = msgspec.msgpack.decode(msg.data, type=NodeReport).domain
+                if obs is not None and obs.uid == ref.uid:
+                    seen.append((obs.phase, obs.reason, obs.paused))
+        assert seen == [("Running", "launched", False), ("Running", "", True)]
+    finally:
+        lifecycle.graceful_stop(running.agent.conn, ref.domain, 0, running.agent.watcher)
+        await running.close()

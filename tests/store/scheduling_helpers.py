@@ -56,6 +56,15 @@ class Cluster:
             self.run(command)
         return commands
 
+    def follow(self, command: Command) -> None:
+        """`command` executed, then each event it causes shown to the scheduler, one at a
+        time and in order, its commands executed in turn: as the control loop goes live."""
+        events = list(self.run(command).events)
+        while events:
+            _, event = events.pop(0)
+            for decided in self.scheduler.on_event(self.state, event):
+                events += run(self.handler, self.state, decided).events
+
     def node_of(self, name: str) -> str:
         view = self.state.vmi("default", name)
         assert view is not None
