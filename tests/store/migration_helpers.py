@@ -16,7 +16,7 @@ from projections.cluster import render_vmi
 from projections.migration import MigrationView
 from projections.views import VirtualMachineInstanceView
 from tests.store.helpers import SyncHandler, run
-from tests.store.scheduling_helpers import Cluster
+from tests.store.scheduling_helpers import SMALL, Cluster
 
 MIGRATION = "VirtualMachineInstanceMigration"
 
@@ -26,6 +26,18 @@ class MigratingCluster(Cluster):
         super().__init__(handler)
         self.migrations = MigrationController()
         self.evacuation = EvacuationController()
+
+    def vmi(self, name: str, spec: dict[str, Any] | None = None,
+            labels: dict[str, str] | None = None) -> None:
+        """A VMI on the pod network with masquerade, as `virtbus up`'s cluster defaults it (HCO's
+        binding): KubeVirt's own default, bridge, migrates no VMI."""
+        spec = {**SMALL, **(spec or {})}
+        if "networks" not in spec:
+            devices = {"interfaces": [{"name": "default", "masquerade": {}}],
+                       **spec["domain"].get("devices", {})}
+            spec = {**spec, "domain": {**spec["domain"], "devices": devices},
+                    "networks": [{"name": "default", "pod": {}}]}
+        super().vmi(name, spec, labels)
 
     def running(self, name: str, spec: dict[str, Any] | None = None) -> str:
         """A VMI placed and reported Running by its node; the node."""

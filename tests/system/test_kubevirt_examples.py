@@ -68,12 +68,13 @@ MI = 1024 * 1024
 GUEST_AGENT = "org.qemu.guest_agent.0"
 PLAIN: Final[dict[str, Any]] = {
     "machine": "q35", "firmware": "bios", "kernel": False, "memory": 128 * MI, "vcpus": 1,
-    "topology": (1, 1, 1), "features": ["acpi", "vmport"], "hyperv": [], "interfaces": [],
+    "topology": (1, 1, 1), "features": ["acpi", "vmport"], "hyperv": [],
+    "interfaces": [("default", "virtio")],
     "usb": "none", "channels": [GUEST_AGENT], "rng": False, "tpm": False,
 }
 """What KubeVirt gives every domain these examples ask nothing else of: q35, BIOS, ACPI
-always, one vCPU as sockets/cores/threads 1/1/1, no USB controller, the guest agent
-channel."""
+always, one vCPU as sockets/cores/threads 1/1/1, the pod interface its webhook adds, no USB
+controller, the guest agent channel."""
 FEDORA: Final = {"memory": 1024000000, "rng": True}
 CIRROS_DISKS: Final = [("containerdisk", "virtio"), ("cloudinitdisk", "virtio")]
 FEDORA_DISKS: Final = CIRROS_DISKS
