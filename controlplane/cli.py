@@ -24,8 +24,8 @@ from nats.errors import NoRespondersError, NoServersError
 from controlplane.client import Client, CommandRejected
 from controlplane.context import resolve
 from controlplane.defaults import FLEET_MIN_NODES, TEST_DRIVER_URI
-from controlplane.node_commands import TaintKey
 from events.api.manifest import parse_documents
+from events.api.node import TaintKey
 from events.api.replicaset import DEFAULT_REPLICAS, PRESET, REPLICA_SET
 from events.api.resources import quantity
 from events.api.scheduling import TAINT_EFFECTS, Taint
