@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.cli import parser, scope
+from controlplane.user.cli import parser, scope
 from projections.query import resolve_kind
 
 

@@ -21,9 +21,9 @@ import msgspec
 import yaml
 from nats.errors import NoRespondersError, NoServersError
 
-from controlplane.client import Client, CommandRejected
 from controlplane.context import resolve
 from controlplane.defaults import FLEET_MIN_NODES, TEST_DRIVER_URI
+from controlplane.user.client import Client, CommandRejected
 from events.api.manifest import parse_documents
 from events.api.node import TaintKey
 from events.api.replicaset import DEFAULT_REPLICAS, PRESET, REPLICA_SET
