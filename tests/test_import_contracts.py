@@ -31,7 +31,7 @@ USER_SIDE = "controlplane.user"
 USER_DIR = ROOT / "controlplane" / "user"
 SHARED_WITH_THE_USER = {"controlplane.defaults", "controlplane.context"}
 """Constants and the context file that `virtbus up` writes and every other command reads."""
-STARTS_THE_SERVER = {"controlplane/user/cli.py": {"controlplane.up"}}
+STARTS_THE_SERVER = {"controlplane/user/actions.py": {"controlplane.up"}}
 """`virtbus up` runs the control plane: the one command that imports it (when it runs)."""
 
 

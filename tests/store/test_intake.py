@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from controlplane.intake import CommandIntake
-from controlplane.user.cli import dead_letters
+from controlplane.user.actions import dead_letters
 from controlplane.user.client import Client
 from controlplane.writer import Writer
 from events.codec import encode
