@@ -18,7 +18,7 @@ from controlplane.aggregate import Aggregate
 from controlplane.feature_gates import VM_METADATA_PATH, VM_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
 from controlplane.preset.commands import presets_in
-from controlplane.vmi_commands import create, request_deletion
+from controlplane.vmi.commands import create, request_deletion
 from events.api.base import ObjectMeta
 from events.api.manifest import check_dns1123_label
 from events.api.replicaset import REPLICA_SET, ScaleBody, VirtualMachineInstanceReplicaSet
