@@ -29,7 +29,7 @@ from nats.aio.msg import Msg
 from nats.js.api import StorageType, StreamConfig
 
 from bench.common import nats_server, percentile, positive, raw_stream, raw_subject
-from controlplane.client import Client
+from controlplane.user.client import Client
 from events.streams import ensure_all
 from events.subjects import Layout
 

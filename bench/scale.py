@@ -34,8 +34,8 @@ from typing import Any
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from bench.common import Figures, percentile, positive
-from controlplane.client import Client
 from controlplane.up import Child, UpOptions, children
+from controlplane.user.client import Client
 from events.api.resources import quantity
 from events.codec import Event
 from events.connect import Access

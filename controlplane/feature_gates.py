@@ -37,8 +37,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Final
 
+from controlplane.hco.commands import effective_kubevirt_configuration
 from controlplane.hco.operands.kubevirt import MAPPED_FEATURE_GATES
-from controlplane.hco_commands import effective_kubevirt_configuration
 from events.errors import InvalidSpec
 
 if TYPE_CHECKING:

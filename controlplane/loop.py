@@ -25,10 +25,7 @@ from nats.aio.client import Client
 
 from controlplane.controllers import Controller
 from controlplane.controllers.dispatcher import Dispatcher
-from controlplane.controllers.hco import HCOController
-from controlplane.controllers.nodelifecycle import NodeLifecycle
 from controlplane.controllers.scheduler import Scheduler
-from controlplane.controllers.vm import VMController
 from controlplane.defaults import (
     CONTROLLER_RETRIES,
     NODE_MONITOR_GRACE_SECONDS,
@@ -37,8 +34,11 @@ from controlplane.defaults import (
     WORK_CONSUMERS_CHECK_SECONDS,
 )
 from controlplane.drain.controller import EvacuationController
+from controlplane.hco.controller import HCOController
 from controlplane.migration.controller import MigrationController
+from controlplane.node.controller import NodeLifecycle
 from controlplane.replicaset.controller import ReplicaSetController
+from controlplane.vm.controller import VMController
 from controlplane.workloadupdate.controller import WorkloadUpdater
 from controlplane.writer import Writer
 from events.aio import pause_unless_stopped, unless_stopped

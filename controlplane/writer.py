@@ -16,22 +16,22 @@ from typing import Any
 from nats.aio.client import Client
 
 import controlplane.drain.commands
-import controlplane.hco_commands
+import controlplane.hco.commands
 import controlplane.instancetype.commands
 import controlplane.migration.commands
-import controlplane.node_commands
+import controlplane.node.commands
 import controlplane.preset.commands
 import controlplane.replicaset.commands
-import controlplane.vm_commands
-import controlplane.vmi_commands
+import controlplane.vm.commands
+import controlplane.vmi.commands
 import controlplane.workloadupdate.commands
 from controlplane.handling import CommandHandler, Result
 from events.datastore import EventLog
 from events.messages import Command
 from events.subjects import Layout
 
-HANDLER_MODULES = (controlplane.vm_commands, controlplane.vmi_commands,
-                   controlplane.node_commands, controlplane.hco_commands,
+HANDLER_MODULES = (controlplane.vm.commands, controlplane.vmi.commands,
+                   controlplane.node.commands, controlplane.hco.commands,
                    controlplane.migration.commands, controlplane.drain.commands,
                    controlplane.workloadupdate.commands, controlplane.instancetype.commands,
                    controlplane.preset.commands, controlplane.replicaset.commands)

@@ -12,8 +12,8 @@ import asyncio
 import sys
 from datetime import UTC, datetime
 
-from controlplane.client import Client
 from controlplane.context import resolve
+from controlplane.user.client import Client
 
 
 async def audit(name: str, at: datetime | None, namespace: str = "default") -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 
 from controlplane.handling import Decision, Rejected, handles
-from controlplane.node_commands import existing_node
+from controlplane.node.commands import existing_node
 from events.migration import VirtualMachineInstanceEvacuationRequested
 from events.nodes import NodeDrained, NodeDrainRequested
 from events.vm import VMI_KIND

@@ -1,5 +1,6 @@
-"""The HyperConverged operator's pure core: validation, operand derivation, status.
+"""The HyperConverged operator: its command handlers (`commands`), its controller
+(`controller`), and its pure core (validation, operand derivation, status).
 
-No I/O here: the controller feeds in the HyperConverged and what it observed, and gets back
-what to write. See README.md for the decision tables.
+The core does no I/O: the controller feeds in the HyperConverged and what it observed, and
+gets back what to write. See README.md for the decision tables.
 """

@@ -29,9 +29,9 @@ import msgspec
 
 from controlplane.aggregate import Aggregate
 from controlplane.handling import Decision, Rejected, handles
-from controlplane.hco_commands import effective_kubevirt_configuration
+from controlplane.hco.commands import effective_kubevirt_configuration
 from controlplane.migration.config import migration_config
-from controlplane.vmi_commands import agent_version
+from controlplane.vmi.commands import agent_version
 from events.api.base import ObjectMeta
 from events.api.migration import KIND, VirtualMachineInstanceMigration
 from events.messages import MigrationObservation, MigrationOrder, node_actor

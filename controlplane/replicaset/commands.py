@@ -18,10 +18,10 @@ from controlplane.aggregate import Aggregate
 from controlplane.feature_gates import VM_METADATA_PATH, VM_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
 from controlplane.preset.commands import presets_in
-from controlplane.vmi_commands import create, request_deletion
+from controlplane.vmi.commands import create, request_deletion
 from events.api.base import ObjectMeta
 from events.api.manifest import check_dns1123_label
-from events.api.replicaset import REPLICA_SET, Replicas, VirtualMachineInstanceReplicaSet
+from events.api.replicaset import REPLICA_SET, ScaleBody, VirtualMachineInstanceReplicaSet
 from events.api.scheduling import selector_matches
 from events.errors import InvalidSpec
 from events.replicaset import (
@@ -36,12 +36,6 @@ from events.subjects import aggregate_id
 from events.vm import VMI_KIND, VirtualMachineInstanceAdopted, VirtualMachineInstanceReleased
 from projections.replicaset import ReplicaSetView
 from projections.views import VirtualMachineInstanceView
-
-
-class ScaleBody(msgspec.Struct, frozen=True, kw_only=True):
-    """`scale`: the new `spec.replicas`."""
-
-    replicas: Replicas
 
 
 class ReplicaBody(msgspec.Struct, frozen=True, kw_only=True):

@@ -9,8 +9,8 @@ from typing import Final
 import msgspec
 
 from controlplane.handling import Decision, Rejected, handles
-from controlplane.hco_commands import KUBEVIRT_CR_ID
-from controlplane.vmi_commands import request_deletion
+from controlplane.hco.commands import KUBEVIRT_CR_ID
+from controlplane.vmi.commands import request_deletion
 from controlplane.workloadupdate.config import workload_update_config
 from events.codec import now
 from events.migration import WORKLOAD_UPDATE_KIND, WorkloadEvictionBatch

@@ -1,4 +1,5 @@
-"""What a node agent reports about its host, and the names the scheduler matches on.
+"""What a node agent reports about its host, the names the scheduler matches on, and the
+bodies of an operator's `label` and `taint` commands (the client sends what the handler reads).
 
 The agent observes; the control plane turns a `NodeInfo` into Node status and labels.
 Label prefixes live here because the scheduler builds node selectors from the same
@@ -8,8 +9,11 @@ and the older `feature.node.kubernetes.io/cpu-model-<model>` that VMIs still sel
 
 from __future__ import annotations
 
+import msgspec
+
 from events.api.base import ApiStruct
 from events.api.resources import HUGEPAGES_PREFIX
+from events.api.scheduling import Taint, TaintEffect
 
 RESOURCE_CPU = "cpu"
 RESOURCE_MEMORY = "memory"
@@ -57,3 +61,28 @@ class NodeInfo(ApiStruct):
     agent_version: str = ""
     """The node agent's version: a VMI launched by an older one is outdated after an
     upgrade (`kubevirt.io/outdatedLauncherImage`)."""
+
+
+class LabelBody(msgspec.Struct, frozen=True, kw_only=True):
+    """`label node N k=v k2-`: labels to set and keys to remove; a label set already to
+    another value is replaced only with `overwrite` (kubectl's `--overwrite`)."""
+
+    labels: dict[str, str] = {}
+    remove: list[str] = []
+    overwrite: bool = False
+
+
+class TaintKey(msgspec.Struct, frozen=True, kw_only=True):
+    """A taint to remove: `key:Effect-`, or every effect of `key` (`key-`)."""
+
+    key: str
+    effect: TaintEffect | None = None
+
+
+class TaintBody(msgspec.Struct, frozen=True, kw_only=True):
+    """`taint node N k=v:Effect k2-`: taints to add and to remove; a taint of the same key and
+    effect is replaced only with `overwrite`."""
+
+    add: list[Taint] = []
+    remove: list[TaintKey] = []
+    overwrite: bool = False

@@ -24,6 +24,12 @@ Replicas = Annotated[int, msgspec.Meta(ge=0)]
 """Go's *int32 of a count: never negative."""
 
 
+class ScaleBody(msgspec.Struct, frozen=True, kw_only=True):
+    """`scale`: the new `spec.replicas`."""
+
+    replicas: Replicas
+
+
 class VirtualMachineInstancePresetSpec(ApiStruct):
     """The domain fields a preset fills in on the VMIs its selector matches."""
 

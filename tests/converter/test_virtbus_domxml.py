@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
 
 def virtbus_domxml(path: pathlib.Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "controlplane.cli", "domxml", "-f", str(path)],
-                          capture_output=True, text=True, check=False, timeout=60)
+    return subprocess.run([sys.executable, "-m", "controlplane.user.cli", "domxml", "-f",
+                           str(path)], capture_output=True, text=True, check=False, timeout=60)
 
 
 def test_virtbus_domxml_prints_domain_xml() -> None:

@@ -20,7 +20,7 @@ import msgspec
 import nats
 import pytest
 
-from controlplane.controllers.hco import HCOController
+from controlplane.hco.controller import HCOController
 from events.api import hco_defaults
 from events.api.resources import KVM_DEVICE, TUN_DEVICE
 from events.messages import (

@@ -23,7 +23,7 @@ import msgspec
 import pytest
 from nats.aio.client import Client as Nats
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from controlplane.writer import Writer
 from events.authorization import ADMIN_USER, CONTROLPLANE_USER, PROJECTIONS_USER
 from events.errors import Forbidden
@@ -262,8 +262,8 @@ async def test_the_http_api_answers_as_the_tokens_user(install: Installation) ->
 
 def _cli(install: Installation, credentials: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`virtbus ARGS` as the credentials' user, with no context file to fall back on."""
-    return subprocess.run([sys.executable, "-m", "controlplane.cli", "--nats-url", install.url,
-                           "--nats-credentials", str(credentials), *args],
+    return subprocess.run([sys.executable, "-m", "controlplane.user.cli", "--nats-url",
+                           install.url, "--nats-credentials", str(credentials), *args],
                           capture_output=True, text=True, timeout=60, check=False,
                           env={**os.environ, "VIRTBUS_CONTEXT": str(credentials.parent / "none")})
 

@@ -10,7 +10,7 @@ import uuid
 
 import msgspec
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from controlplane.writer import Writer
 from events.messages import Command, DomainObservation, node_actor
 from events.query import FORBIDDEN, NOT_FOUND, ConsoleAnswer, ConsoleQuery, ask_verb

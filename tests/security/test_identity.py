@@ -18,8 +18,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from controlplane.client import Client
 from controlplane.intake import CommandIntake, ReportIntake, report_command
+from controlplane.user.client import Client
 from controlplane.writer import Writer
 from events.directget import read_all
 from events.messages import Command, DomainObservation, NodeReport

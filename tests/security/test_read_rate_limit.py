@@ -17,7 +17,7 @@ import pytest
 from nats.aio.client import Client as Nats
 from structlog.testing import capture_logs
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from controlplane.writer import Writer
 from events.connect import connect
 from events.errors import InvalidSpec

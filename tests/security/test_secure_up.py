@@ -19,9 +19,9 @@ import msgspec
 import pytest
 import yaml
 
-from controlplane.client import Client
 from controlplane.context import Context
 from controlplane.secured import HTTP_TOKENS, OPERATOR_USER, SECURE_DIR
+from controlplane.user.client import Client
 from events.connect import CA_ENV, CREDENTIALS_ENV, NATS_URL_ENV
 from events.server import free_port
 from tests.system.harness import eventually, ready_nodes, vm_status, vmi_phase
@@ -58,7 +58,7 @@ def secure_up(tmp_path: Path) -> Iterator[SecureUp]:
     for name in (NATS_URL_ENV, CREDENTIALS_ENV, CA_ENV):
         env.pop(name, None)
     http_port = free_port()
-    up = subprocess.Popen([sys.executable, "-m", "controlplane.cli", "up", "--secure",
+    up = subprocess.Popen([sys.executable, "-m", "controlplane.user.cli", "up", "--secure",
                            "--data-dir", str(tmp_path / "data"), "--nodes", "2",
                            "--http-port", str(http_port)], env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from controlplane.controllers.hco import HCOController
+from controlplane.hco.controller import HCOController
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
 from events.api import hco_defaults as d

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 
 from controlplane.controllers.scheduler import Scheduler
-from controlplane.controllers.vm import VMController
+from controlplane.vm.controller import VMController
 from events.messages import Command
 from projections.cluster import ClusterState
 from tests.store.helpers import SyncHandler, register_command, run_accepted

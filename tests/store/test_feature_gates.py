@@ -12,14 +12,14 @@ import msgspec
 import pytest
 from structlog.testing import capture_logs
 
-from controlplane.controllers.hco import HCOController
-from controlplane.controllers.vm import VMController
 from controlplane.feature_gates import (
     HOOK_SIDECARS_ANNOTATION,
     SIDECAR,
     check_annotation_gates,
     check_feature_gates,
 )
+from controlplane.hco.controller import HCOController
+from controlplane.vm.controller import VMController
 from events.api import hco_defaults as d
 from events.api.vm import VirtualMachineInstanceSpec
 from events.codec import Event, decode

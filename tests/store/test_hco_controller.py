@@ -3,7 +3,7 @@ recorded, it has nothing to send, not even a status command the handler would dr
 
 from __future__ import annotations
 
-from controlplane.controllers.hco import HCOController
+from controlplane.hco.controller import HCOController
 from projections.cluster import ClusterState
 from projections.hco import hyperconverged
 from tests.store.helpers import SyncHandler, run_accepted

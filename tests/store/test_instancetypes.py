@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.controllers.vm import VMController
+from controlplane.vm.controller import VMController
 from events.messages import Command
 from events.policy import command_request, parse_policy
 from events.query import Query

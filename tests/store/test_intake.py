@@ -12,9 +12,9 @@ from functools import partial
 import msgspec
 import pytest
 
-from controlplane.cli import dead_letters
-from controlplane.client import Client
 from controlplane.intake import CommandIntake
+from controlplane.user.actions import dead_letters
+from controlplane.user.client import Client
 from controlplane.writer import Writer
 from events.codec import encode
 from events.datastore import TOPIC_HEADER, VERSION_HEADER

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import uuid
 
-from controlplane.controllers.nodelifecycle import NodeLifecycle
+from controlplane.node.controller import NodeLifecycle
 from events.messages import Command
 from events.vm import NODE_UNRESPONSIVE
 from tests.store.helpers import SyncHandler

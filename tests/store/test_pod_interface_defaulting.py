@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.controllers.vm import VMController
+from controlplane.vm.controller import VMController
 from events.api.domain import Empty, Interface
 from projections.cluster import ClusterState
 from tests.store.helpers import SyncHandler, run

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from controlplane.controllers.vm import VMController
+from controlplane.vm.controller import VMController
 from events.messages import Command
 from events.query import Query
 from projections.cluster import ClusterState

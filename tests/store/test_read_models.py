@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 
 from controlplane.controllers.scheduler import Scheduler
-from controlplane.controllers.vm import VMController
+from controlplane.vm.controller import VMController
 from events.messages import Command
 from projections.cluster import ClusterState
 from projections.rendering import node_object

@@ -23,8 +23,8 @@ from structlog.testing import capture_logs
 
 import controlplane.intake
 import events.aio
-from controlplane.controllers.nodelifecycle import NodeLifecycle
 from controlplane.intake import Consumer
+from controlplane.node.controller import NodeLifecycle
 from events.connect import connect
 from events.server import EmbeddedNats, free_port
 from events.streams import ensure_all, wait_for_streams

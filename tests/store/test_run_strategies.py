@@ -13,9 +13,9 @@ import msgspec
 import pytest
 
 from controlplane.controllers.scheduler import Scheduler
-from controlplane.controllers.vm import VMController
 from controlplane.defaults import CRASH_LOOP_BACKOFF_MAX_DELAY_SECONDS
-from controlplane.vm_commands import crash_loop_delay_seconds
+from controlplane.vm.commands import crash_loop_delay_seconds
+from controlplane.vm.controller import VMController
 from events.messages import Command, DomainObservation, node_actor
 from events.subjects import Layout
 from projections.cluster import ClusterState, printable_status, render_vm

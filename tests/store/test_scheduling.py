@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 from controlplane.controllers.scheduler import Scheduler
-from controlplane.controllers.vm import VMController
+from controlplane.vm.controller import VMController
 from events.messages import Command
 from projections.cluster import render_vm
 from tests.store.helpers import SyncHandler

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from tests.system.harness import NODE_GRACE_SECONDS, System, eventually, ready_nodes
 
 

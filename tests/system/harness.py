@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from controlplane.client import Client
 from controlplane.up import UpOptions, children
+from controlplane.user.client import Client
 from events.datastore import TOPIC_HEADER
 from events.directget import PAGE, direct_batch
 from events.messages import DomainSummary, SimReply, SimRequest

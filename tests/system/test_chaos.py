@@ -52,8 +52,8 @@ import msgspec
 import pytest
 from nats.aio.msg import Msg
 
-from controlplane.client import Client
 from controlplane.handling import marker_id
+from controlplane.user.client import Client
 from events.codec import event_id
 from events.directget import read_all, sequence
 from events.messages import (
@@ -127,7 +127,7 @@ class Up:
         env = {**os.environ, "VIRTBUS_CONTEXT": str(root / "context.json")}
         with (root / "up.log").open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "controlplane.cli", "up", "--nats-url", nats_url,
+                [sys.executable, "-m", "controlplane.user.cli", "up", "--nats-url", nats_url,
                  "--prefix", prefix, "--data-dir", str(data), "--nodes", str(len(NODES)),
                  "--node-grace", str(NODE_GRACE_SECONDS)],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -38,7 +38,7 @@ class Cli:
         self.env = env
 
     def __call__(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "controlplane.cli", *args], env=self.env,
+        done = subprocess.run([sys.executable, "-m", "controlplane.user.cli", *args], env=self.env,
                               capture_output=True, text=True, timeout=60, check=False)
         if ok:
             assert done.returncode == 0, done.stderr
@@ -60,7 +60,7 @@ def cli(tmp_path: Path) -> Iterator[Cli]:
     env = {**os.environ, "VIRTBUS_CONTEXT": str(tmp_path / "context.json")}
     env.pop("VIRTBUS_NATS_URL", None)
     # Its own process group: whatever `up` started (nats-server, agents) can be killed with it.
-    up = subprocess.Popen([sys.executable, "-m", "controlplane.cli", "up", "--data-dir",
+    up = subprocess.Popen([sys.executable, "-m", "controlplane.user.cli", "up", "--data-dir",
                            str(tmp_path / "data"), "--nodes", "2"], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                           start_new_session=True)
@@ -181,7 +181,7 @@ def test_instancetypes_through_the_cli(cli: Cli) -> None:
 def _first_lines(cli: Cli, count: int) -> list[dict[str, object]]:
     """The first `count` changes of a `watch --since 1` (which then stays live)."""
     watch = subprocess.Popen(
-        [sys.executable, "-m", "controlplane.cli", "watch", "vm", "testvm", "--since", "1",
+        [sys.executable, "-m", "controlplane.user.cli", "watch", "vm", "testvm", "--since", "1",
          "-o", "json"], env=cli.env, stdout=subprocess.PIPE, text=True)
     try:
         return [json.loads(read_line(watch, watch.kill)) for _ in range(count)]

@@ -7,7 +7,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from events.api import hco_defaults as d
 from tests.system.harness import System, eventually, ready_nodes
 

@@ -9,7 +9,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from events.api.manifest import parse_documents
 from tests.system.harness import System, eventually, vm_manifest, vmi_phase
 

@@ -39,12 +39,12 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from structlog.testing import capture_logs
 
-from controlplane.client import Client
 from controlplane.defaults import MAX_DELIVER
 from controlplane.handling import marker_id
 from controlplane.intake import Consumer
 from controlplane.lease import LEASE_KEY
 from controlplane.loop import ControlLoop
+from controlplane.user.client import Client
 from controlplane.writer import Writer
 from events.codec import Event
 from events.connect import connect

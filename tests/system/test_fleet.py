@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from events.api.resources import quantity
 from tests.system.harness import System, domains, eventually, ready_nodes, vm_manifest, vmi_phase
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.client import Client, CommandRejected
+from controlplane.user.client import Client, CommandRejected
 from events.errors import InvalidSpec
 from events.messages import Outcome
 from tests.system.harness import (

@@ -13,7 +13,7 @@ from typing import Any
 import libvirt
 import yaml
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from tests.system.harness import (
     WAIT_SECONDS,
     System,
@@ -38,7 +38,7 @@ class Run:
 async def virtbus(system: System, *args: str) -> Run:
     """The real CLI, as its own process, pointed at the system under test."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "controlplane.cli", "--nats-url", system.nats_url,
+        sys.executable, "-m", "controlplane.user.cli", "--nats-url", system.nats_url,
         "--prefix", system.prefix, *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:

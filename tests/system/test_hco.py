@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.client import Client, CommandRejected
+from controlplane.user.client import Client, CommandRejected
 from events.api import hco_defaults as d
 from events.query import Query
 from projections import audit

@@ -10,9 +10,9 @@ from typing import Any
 import msgspec
 import yaml
 
-from controlplane.client import Client
 from controlplane.hco.desired import desired_operands
 from controlplane.hco.operands import ClusterInfo
+from controlplane.user.client import Client
 from events.api import hco_defaults as d
 from events.api.hco import HyperConverged
 from tests.system.harness import eventually

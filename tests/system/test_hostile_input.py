@@ -37,8 +37,8 @@ from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
 import controlplane.writer  # noqa: F401  (registers every handler in HANDLERS)
-from controlplane.client import Client
 from controlplane.handling import HANDLERS, marker_id
+from controlplane.user.client import Client
 from events.codec import Event
 from events.datastore import TOPIC_HEADER
 from events.directget import PAGE, direct_batch, read_all, sequence

@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from tests.system.harness import System, eventually, vm_manifest, vmi_phase
 
 

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import yaml
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from nodeagent.converter import convert
 from nodeagent.converter.unavailable import NotOnThisNode
 from nodeagent.domxml import parse_manifest

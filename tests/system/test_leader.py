@@ -3,8 +3,8 @@ when the leader dies one of them takes over without losing a command."""
 
 from __future__ import annotations
 
-from controlplane.client import Client
 from controlplane.lease import LEASE_KEY
+from controlplane.user.client import Client
 from tests.system.harness import System, eventually, vm_manifest, vmi_phase
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.client import Client, CommandRejected
+from controlplane.user.client import Client, CommandRejected
 from tests.system.harness import (
     System,
     domains,

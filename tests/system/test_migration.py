@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from events.api import hco_defaults as d
 from events.directget import read_all
 from events.migration import MigrationPhaseChanged

@@ -14,8 +14,8 @@ import math
 import uuid
 from typing import Any
 
-from controlplane.client import Client
-from controlplane.controllers.nodelifecycle import NodeLifecycle
+from controlplane.node.controller import NodeLifecycle
+from controlplane.user.client import Client
 from controlplane.writer import Writer
 from events.api.scheduling import LABEL_HOSTNAME
 from events.messages import Command

@@ -27,8 +27,8 @@ import libvirt
 import pytest
 import yaml
 
-from controlplane.client import Client
 from controlplane.up import agent_args
+from controlplane.user.client import Client
 from nodeagent.converter import defaults as converter_defaults
 from nodeagent.converter.context import domain_name
 from tests.realhost import (

@@ -28,7 +28,7 @@ from typing import Any
 import libvirt
 import pytest
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from nodeagent.converter.console import SERIAL_LOG
 from nodeagent.defaults import SOURCE_RESTARTED_REASON
 from nodeagent.imagestore import ImageStore

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from events.api.manifest import parse_documents
 from tests.system.harness import System, eventually, node_ready, topics_since
 
@@ -56,7 +56,7 @@ async def replaced(vb: Client, lost: str) -> list[dict[str, Any]] | None:
 async def cli(system: System, *args: str) -> str:
     env = {**os.environ, "VIRTBUS_NATS_URL": system.nats_url, "VIRTBUS_PREFIX": system.prefix}
     done = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "controlplane.cli", *args], env=env,
+        subprocess.run, [sys.executable, "-m", "controlplane.user.cli", *args], env=env,
         capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from events.server import EmbeddedNats
 from tests.system.harness import (
     System,

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from projections import audit
 from projections.cluster import ClusterState
 from projections.snapshots import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import libvirt
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from tests.system.harness import (
     System,
     condition,

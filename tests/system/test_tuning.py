@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.client import Client
+from controlplane.user.client import Client
 from events.api import hco_defaults as d
 from tests.system.harness import eventually, vmi_phase
 

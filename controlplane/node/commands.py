@@ -11,8 +11,8 @@ import msgspec
 
 from controlplane.aggregate import Aggregate
 from controlplane.handling import Decision, Rejected, handles
-from events.api.node import NodeInfo
-from events.api.scheduling import Taint, TaintEffect, label_key_problem, label_value_problem
+from events.api.node import LabelBody, NodeInfo, TaintBody
+from events.api.scheduling import label_key_problem, label_value_problem
 from events.errors import InvalidSpec
 from events.nodes import (
     NODE_KIND,
@@ -69,31 +69,6 @@ def not_ready(d: Decision) -> None:
         raise Rejected("unknown or already NotReady")
     reason = d.body(NotReadyBody).reason
     d.trigger(node, NodeNotReady, reason=reason)
-
-
-class LabelBody(msgspec.Struct, frozen=True, kw_only=True):
-    """`label node N k=v k2-`: labels to set and keys to remove; a label set already to
-    another value is replaced only with `overwrite` (kubectl's `--overwrite`)."""
-
-    labels: dict[str, str] = {}
-    remove: list[str] = []
-    overwrite: bool = False
-
-
-class TaintKey(msgspec.Struct, frozen=True, kw_only=True):
-    """A taint to remove: `key:Effect-`, or every effect of `key` (`key-`)."""
-
-    key: str
-    effect: TaintEffect | None = None
-
-
-class TaintBody(msgspec.Struct, frozen=True, kw_only=True):
-    """`taint node N k=v:Effect k2-`: taints to add and to remove; a taint of the same key and
-    effect is replaced only with `overwrite`."""
-
-    add: list[Taint] = []
-    remove: list[TaintKey] = []
-    overwrite: bool = False
 
 
 def existing_node(d: Decision) -> Aggregate[NodeView]:

@@ -13,11 +13,11 @@ import structlog
 from controlplane.aggregate import Aggregate
 from controlplane.feature_gates import VMI_METADATA_PATH, VMI_SPEC_PATH, admit_by_feature_gates
 from controlplane.handling import Decision, Rejected, handles
-from controlplane.hco_commands import pod_binding, with_cluster_cpu_model, with_cpu_model
+from controlplane.hco.commands import pod_binding, with_cluster_cpu_model, with_cpu_model
 from controlplane.instancetype.revisions import expand_for_start
 from controlplane.preset.commands import fill, presets_in
-from controlplane.vm_commands import KIND as VM_KIND_NAME
-from controlplane.vm_commands import load_vm
+from controlplane.vm.commands import KIND as VM_KIND_NAME
+from controlplane.vm.commands import load_vm
 from events.api.base import ObjectMeta
 from events.api.vm import (
     VirtualMachineInstance,

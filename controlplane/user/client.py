@@ -29,10 +29,9 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from controlplane.defaults import COMMAND_AWAIT_TIMEOUT_SECONDS
-from controlplane.node_commands import LabelBody, TaintBody, TaintKey
-from controlplane.replicaset.commands import ScaleBody
 from events.api.manifest import decode_object
-from events.api.replicaset import REPLICA_SET
+from events.api.node import LabelBody, TaintBody, TaintKey
+from events.api.replicaset import REPLICA_SET, ScaleBody
 from events.api.scheduling import Taint
 from events.codec import Event
 from events.connect import Access, connect, url_user

@@ -22,10 +22,10 @@ import msgspec
 
 from controlplane.controllers import derived_command
 from controlplane.hco import jsonpatch
+from controlplane.hco.commands import StatusReport, status_unchanged
 from controlplane.hco.conditions import compute_conditions
 from controlplane.hco.desired import desired_operands, pending_write
 from controlplane.hco.operands import OPERANDS, ClusterInfo
-from controlplane.hco_commands import StatusReport, status_unchanged
 from events.api import hco_defaults as d
 from events.api.hco import Condition, HyperConverged
 from events.codec import Event
