@@ -9,8 +9,8 @@ as KubeVirt's VM and VMI admission webhooks refuse it.
 | PersistentReservation (`persistentReservation`)| `domain.devices.disks[i].lun.reservation`|
 | HostDevices (always on under HCO)              | `domain.devices.hostDevices`             |
 | HostDisk                                       | `volumes[i].hostDisk`                    |
-| GPUsWithDRA                                    | `domain.devices.gpus[i].claimName`       |
-| HostDevicesWithDRA                             | `domain.devices.hostDevices[i].claimName`|
+| GPUsWithDRA (Beta: on unless disabled)         | `domain.devices.gpus[i].claimName`       |
+| HostDevicesWithDRA (Beta: on unless disabled)  | `domain.devices.hostDevices[i].claimName`|
 
 GPU, NUMA and VMPersistentState (a persistent TPM) are GA in KubeVirt: no gate asks for them.
 
@@ -60,6 +60,8 @@ KubeVirt."""
 HOST_DISK: Final = "HostDisk"
 GPUS_WITH_DRA: Final = "GPUsWithDRA"
 HOST_DEVICES_WITH_DRA: Final = "HostDevicesWithDRA"
+BETA_GATES: Final = frozenset({GPUS_WITH_DRA, HOST_DEVICES_WITH_DRA})
+"""The gates here that KubeVirt has in Beta: on unless `disabledFeatureGates` names them."""
 SIDECAR: Final = "Sidecar"
 HOOK_SIDECARS_ANNOTATION: Final = "hooks.kubevirt.io/hookSidecars"
 """Sidecar containers that rewrite the domain before it starts (KubeVirt's hook sidecars)."""
@@ -140,9 +142,12 @@ def check_annotation_gates(annotations: Mapping[str, str], enabled: frozenset[st
 
 
 def enabled_feature_gates(d: Decision) -> frozenset[str]:
-    """The gates of the effective KubeVirt CR, on the decision's fresh state."""
-    developer = effective_kubevirt_configuration(d).get("developerConfiguration", {})
-    return frozenset(developer.get("featureGates", []))
+    """The gates of the effective KubeVirt CR, on the decision's fresh state, as KubeVirt's
+    `featuregate.IsEnabled` reads them: those `featureGates` lists, and each Beta gate that
+    `disabledFeatureGates` does not name."""
+    developer = effective_kubevirt_configuration(d).get("developerConfiguration") or {}
+    disabled = frozenset(developer.get("disabledFeatureGates") or [])
+    return frozenset(developer.get("featureGates") or []) | (BETA_GATES - disabled)
 
 
 def admit_by_feature_gates(d: Decision, spec: VMISpecLike, path: str,

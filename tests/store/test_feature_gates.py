@@ -260,20 +260,31 @@ DRA_GPU = {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu-
                                             "requestName": "pgpu"}]}}}
 
 
-@pytest.mark.parametrize(("spec", "gate", "field"), [
-    (HOST_DISK, "HostDisk", "spec.volumes[0].hostDisk"),
-    (DRA_GPU, "GPUsWithDRA", "spec.domain.devices.gpus[0].claimName"),
-])
-def test_kubevirts_gated_sources_are_refused_by_gate_with_hcos_defaults(
-        handler: SyncHandler, spec: dict[str, Any], gate: str, field: str) -> None:
-    """KubeVirt's own examples `vmi-host-disk` and `vmi-dra-pgpu` are admitted by schema and
-    refused for the gate HCO leaves off, as KubeVirt refuses them."""
+def test_kubevirts_host_disk_example_is_refused_by_gate_with_hcos_defaults(
+        handler: SyncHandler) -> None:
+    """KubeVirt's own example `vmi-host-disk` is admitted by schema and refused for the gate
+    HCO leaves off (Alpha), as KubeVirt refuses it; the gate added, it is admitted."""
     state = ClusterState()
     apply_hco(handler, state, {})
-    refused = run(handler, state, apply(vmi("gated", spec))).outcome
+    refused = run(handler, state, apply(vmi("gated", HOST_DISK))).outcome
     assert (refused.accepted, refused.field, refused.reason) == (
-        False, field, f"the {gate} feature gate is not enabled")
-    patch = ('[{"op": "add", "value": "' + gate + '", '
+        False, "spec.volumes[0].hostDisk", "the HostDisk feature gate is not enabled")
+    patch = ('[{"op": "add", "value": "HostDisk", '
              '"path": "/spec/configuration/developerConfiguration/featureGates/-"}]')
     apply_hco(handler, state, {}, {d.KUBEVIRT_JSONPATCH_ANNOTATION: patch})
-    assert run(handler, state, apply(vmi("gated", spec))).outcome.accepted
+    assert run(handler, state, apply(vmi("gated", HOST_DISK))).outcome.accepted
+
+
+def test_a_beta_gate_is_on_until_disabled(handler: SyncHandler) -> None:
+    """KubeVirt's `vmi-dra-pgpu`: GPUsWithDRA is Beta, so KubeVirt admits it unless
+    `disabledFeatureGates` names the gate, which refuses it."""
+    state = ClusterState()
+    apply_hco(handler, state, {})
+    assert run(handler, state, apply(vmi("dra", DRA_GPU))).outcome.accepted
+    patch = ('[{"op": "add", "value": ["GPUsWithDRA"], '
+             '"path": "/spec/configuration/developerConfiguration/disabledFeatureGates"}]')
+    apply_hco(handler, state, {}, {d.KUBEVIRT_JSONPATCH_ANNOTATION: patch})
+    refused = run(handler, state, apply(vmi("disabled", DRA_GPU))).outcome
+    assert (refused.accepted, refused.field, refused.reason) == (
+        False, "spec.domain.devices.gpus[0].claimName",
+        "the GPUsWithDRA feature gate is not enabled")

@@ -49,7 +49,6 @@ REFUSED: Final[dict[str, tuple[str, str]]] = {
     "vmi-with-sidecar-hook": gate("Sidecar", f"metadata.{SIDECAR_ANNOTATION}"),
     "vmi-with-sidecar-hook-configmap": gate("Sidecar", f"metadata.{SIDECAR_ANNOTATION}"),
     "vmi-host-disk": gate("HostDisk", "spec.volumes[0].hostDisk"),
-    "vmi-dra-pgpu": gate("GPUsWithDRA", "spec.domain.devices.gpus[0].claimName"),
 }
 """Example (file stem) -> (field, rule) of its refusal; every other example is accepted."""
 
@@ -60,6 +59,8 @@ NOT_ON_THIS_NODE: Final = {
                  "function for interface 'sriov-net'",
     "vmi-usb": "spec.domain.devices.hostDevices[0]: this node has no 'kubevirt.io/storage' "
                "device to pass through as 'node-usb-to-vmi-storage'",
+    "vmi-dra-pgpu": "spec.domain.devices.gpus[0]: this node has no 'pgpu-resource-claim' device "
+                    "to pass through as GPU 'example-gpu'",
 }
 """Accepted, as KubeVirt accepts them, but no virtbus node has the device: the launch fails
 naming it (KubeVirt's VMI would stay unschedulable for want of the resource)."""
