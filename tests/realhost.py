@@ -52,16 +52,31 @@ STOP_GRACE_SECONDS = 60
 DISK_IMAGE = "virtbus.test/disk:1"
 BOOT_IMAGE = "virtbus.test/boot:1"
 DISK_MARKER = b"virtbus-disk-marker"
-MODULES = [  # in load order: virtio disks and serial ports, the ISO file system, ACPI's button
+MODULES = [  # in load order: virtio disks, serial ports and network, the ISO file system,
+    # ACPI's button
     "drivers/virtio/virtio_ring.ko", "drivers/virtio/virtio.ko",
     "drivers/virtio/virtio_pci_legacy_dev.ko", "drivers/virtio/virtio_pci_modern_dev.ko",
     "drivers/virtio/virtio_pci.ko", "drivers/block/virtio_blk.ko",
-    "drivers/char/virtio_console.ko", "drivers/cdrom/cdrom.ko",
+    "drivers/char/virtio_console.ko", "net/core/failover.ko", "drivers/net/net_failover.ko",
+    "drivers/net/virtio_net.ko", "drivers/cdrom/cdrom.ko",
     "fs/isofs/isofs.ko", "drivers/acpi/button.ko", "drivers/input/evdev.ko"]
+DHCP_EVENT = """#!/bin/sh
+case "$1" in
+    bound|renew)
+        ip addr flush dev "$interface"
+        ip addr add "$ip/$mask" dev "$interface"
+        router="${router%% *}"
+        ip route add default via "$router" dev "$interface"
+        echo "$ip" >/tmp/ip
+        echo "$router" >/tmp/router
+        ;;
+esac
+"""
+"""udhcpc's event script: the lease applied, its address and gateway kept for the init."""
 INIT = """#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin
-mkdir -p /proc /sys /dev /mnt
+mkdir -p /proc /sys /dev /mnt /tmp
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
@@ -80,6 +95,15 @@ for port in /sys/class/virtio-ports/*; do  # stands in for a guest agent: opens 
         echo "virtbus-guest: guest agent channel open"
     fi
 done
+if [ -e /sys/class/net/eth0 ]; then  # a guest on the pod network: its address by DHCP
+    ip link set lo up
+    ip link set eth0 up
+    if udhcpc -i eth0 -s /bin/dhcp-event -t 30 -T 2 -n -q; then
+        echo "virtbus-guest: address $(cat /tmp/ip)"
+    else
+        echo "virtbus-guest: no DHCP lease"
+    fi
+fi
 fd=3
 for device in /sys/class/input/event*; do  # ACPI may give more than one: any will do
     if [ "$(cat "$device/device/name")" = "Power Button" ]; then
@@ -169,7 +193,7 @@ def guest_files() -> Iterator[Path]:
     base = Path(tempfile.mkdtemp(prefix="virtbus-real-guest-", dir="/var/tmp"))
     base.chmod(0o755)
     try:
-        busybox_initramfs(base / "initrd.img", INIT, MODULES)
+        busybox_initramfs(base / "initrd.img", INIT, MODULES, {"bin/dhcp-event": DHCP_EVENT})
         shutil.copy(kernel, base / "vmlinuz")
         disk = base / "disk.raw"
         subprocess.run([QEMU_IMG, "create", "-q", "-f", "raw", str(disk), "1M"], check=True)

@@ -48,7 +48,7 @@ from nodeagent.network.dhcp import Dnsmasq, read_leases
 from nodeagent.network.nics import tap_name
 from tests.nodeagent.helpers import Cluster, Running, start
 from tests.nodeagent.test_work import publish
-from tests.realhost import URI, busybox_initramfs, host_kernel, libvirtd, require  # noqa: F401 (libvirtd: a fixture)
+from tests.realhost import DHCP_EVENT, URI, busybox_initramfs, host_kernel, libvirtd, require  # noqa: F401 (libvirtd: a fixture)
 
 DEADLINE_SECONDS = 90.0
 """A deadline, not a measure: two guests under TCG on a loaded machine lease in some 10 s."""
@@ -81,18 +81,6 @@ else
 fi
 echo "virtbus-guest: ready"
 while true; do sleep 3600; done
-"""
-DHCP_EVENT = """#!/bin/sh
-case "$1" in
-    bound|renew)
-        ip addr flush dev "$interface"
-        ip addr add "$ip/$mask" dev "$interface"
-        router="${router%% *}"
-        ip route add default via "$router" dev "$interface"
-        echo "$ip" >/tmp/ip
-        echo "$router" >/tmp/router
-        ;;
-esac
 """
 ADDRESS_LINE = re.compile(r"virtbus-guest: address (\S+) gateway (\S+)")
 
@@ -130,6 +118,22 @@ class Host:
     def hosts_entries(self) -> str:
         return self.dhcp.hosts.read_text() if self.dhcp.hosts.exists() else ""
 
+    def agent_args(self) -> list[str]:
+        """The agent's command-line options for this network."""
+        return ["--bridge", self.bridge, "--pod-subnet", self.subnet,
+                "--network-dir", str(self.network_dir)]
+
+    def tear_down(self) -> None:
+        """What the agent's network left on the host, removed by hand (the code may be
+        wrong): dnsmasq, the taps, the bridge, the NAT table."""
+        self.dhcp.stop()
+        for tap in links.taps_on(self.bridge):
+            links.delete(tap)
+        links.delete(self.bridge)
+        table = f"ip {masquerade.table_name(self.bridge)}"
+        subprocess.run(["nft", "-f", "-"], input=f"add table {table}\ndelete table {table}\n",
+                       text=True, check=True)
+
 
 def _gateway(subnet: str) -> ipaddress.IPv4Interface:
     network = ipaddress.IPv4Network(subnet)
@@ -159,13 +163,7 @@ async def net_host(libvirtd: None, net_guest_files: Path,  # noqa: F811 (the fix
                 with contextlib.suppress(libvirt.libvirtError):
                     dom.undefine()
         conn.close()
-        host.dhcp.stop()
-        for tap in links.taps_on(host.bridge):
-            links.delete(tap)
-        links.delete(host.bridge)
-        table = f"ip {masquerade.table_name(host.bridge)}"  # by hand: the code may be wrong
-        subprocess.run(["nft", "-f", "-"], input=f"add table {table}\ndelete table {table}\n",
-                       text=True, check=True)
+        host.tear_down()
         shutil.rmtree(root)
         shutil.rmtree(Path(converter_defaults.RUN_DIR, cluster.namespace), ignore_errors=True)
 

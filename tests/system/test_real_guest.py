@@ -9,13 +9,16 @@ guest agent's channel (the VMI is AgentConnected). It is paused and unpaused, so
 in the same QEMU process and is adopted, not launched again), and it is stopped: the guest
 hears the ACPI power button and powers off, the VMI is Succeeded ("stopped on request
 (ShutDown)"), and every overlay, ISO and kernel the agent made is gone with the guest's run
-directory.
+directory. The VM lists no interface, so it gets KubeVirt's pod interface: the guest takes
+its address by DHCP and prints it, the VMI's `status.interfaces` reports the same address,
+and its tap is gone after the stop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import tempfile
 import uuid
@@ -31,6 +34,8 @@ from controlplane.up import agent_args
 from controlplane.user.client import Client
 from nodeagent.converter import defaults as converter_defaults
 from nodeagent.converter.context import domain_name
+from nodeagent.network import links
+from tests.nodeagent.test_real_guest_network import Host as NetworkHost
 from tests.realhost import (
     BOOT_DEADLINE_SECONDS,
     BOOT_IMAGE,
@@ -58,8 +63,10 @@ class RealHost:
     """The system under test, the node's host directory (image store, disks) and the
     namespace of this test's guests (their domains and run directories are named by it)."""
 
-    def __init__(self, system: System, host: Path, namespace: str) -> None:
+    def __init__(self, system: System, host: Path, namespace: str, network: NetworkHost
+                 ) -> None:
         self.system, self.host, self.namespace = system, host, namespace
+        self.network = network
 
     async def cli(self, *args: str) -> Run:
         return await virtbus(self.system, *args)
@@ -83,13 +90,15 @@ def real_host(libvirtd: None, nats_url: str, prefix: str, tmp_path: Path) -> Ite
     host = Path(tempfile.mkdtemp(prefix="virtbus-system-host-", dir="/var/tmp"))
     host.chmod(0o755)  # QEMU's user reads the disks under it
     namespace = f"rg-{uuid.uuid4().hex[:8]}"
+    network = NetworkHost(host)
     system = System(nats_url, prefix, tmp_path, nodes=1, node_grace=AGENT_RESTART_GRACE_SECONDS,
                     libvirt_uri=URI)
     system.args[NODE] = [*agent_args(NODE, ["--nats-url", nats_url, "--prefix", prefix], URI,
-                                     host), "--image-dir", str(host / "images")]
+                                     host), "--image-dir", str(host / "images"),
+                         *network.agent_args()]
     try:
         system.start_all()
-        yield RealHost(system, host, namespace)
+        yield RealHost(system, host, namespace, network)
     finally:
         system.stop_all()
         conn = libvirt.open(URI)
@@ -100,6 +109,7 @@ def real_host(libvirtd: None, nats_url: str, prefix: str, tmp_path: Path) -> Ite
                 with contextlib.suppress(libvirt.libvirtError):
                     dom.undefine()
         conn.close()
+        network.tear_down()
         shutil.rmtree(host)
         shutil.rmtree(Path(converter_defaults.RUN_DIR, namespace), ignore_errors=True)
 
@@ -116,9 +126,7 @@ async def vb(real_host: RealHost) -> AsyncIterator[Client]:
 
 
 def vm_manifest(namespace: str, user_data: str) -> dict[str, Any]:
-    spec = guest_spec(DISK_IMAGE, user_data)
-    # No interface until the agent wires real networks (issue 12, item 2: wip/net).
-    spec["domain"]["devices"]["autoattachPodInterface"] = False
+    spec = guest_spec(DISK_IMAGE, user_data)  # no interface: KubeVirt's pod interface
     return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
             "metadata": {"name": "guest", "namespace": namespace},
             "spec": {"runStrategy": "Always", "template": {"spec": spec}}}
@@ -158,8 +166,13 @@ async def test_a_real_guest_through_virtbus(real_host: RealHost, vb: Client,
     assert "virtbus-guest: guest agent channel open" in console
     vmi = await eventually(lambda: _agent_connected(vb, ns), DEADLINE_SECONDS,
                            "the AgentConnected condition")
-    # IP ASSERTION (wip/net, issue 12 item 2): once the agent wires the default pod network,
-    # the VM gets its interface back and status.interfaces[0].ipAddress is asserted here.
+    printed = re.search(r"virtbus-guest: address (\S+)", console)
+    assert printed is not None, console
+    vmi = await eventually(lambda: _reported_address(vb, ns, printed.group(1)),
+                           DEADLINE_SECONDS, "the guest's address in status.interfaces")
+    [interface] = vmi["status"]["interfaces"]
+    assert (interface["name"], interface["infoSource"]) == ("default", "domain")
+    assert len(links.taps_on(real_host.network.bridge)) == 1
     vmi_dir = real_host.host / "disks" / ns / "guest"
     assert {p.name for p in vmi_dir.iterdir()} >= {"root.qcow2", "cidata.iso", "kernel-boot"}
 
@@ -181,6 +194,7 @@ async def test_a_real_guest_through_virtbus(real_host: RealHost, vb: Client,
     assert {("/status/phase", "Succeeded"),
             ("/status/reason", "stopped on request (ShutDown)")} <= changes
     assert not vmi_dir.exists(), "the overlay, the ISO or the kernel stayed behind"
+    assert links.taps_on(real_host.network.bridge) == {}, "the tap stayed behind"
     assert not Path(converter_defaults.RUN_DIR, ns, "guest").exists()
 
 
@@ -247,6 +261,13 @@ async def _agent_connected(vb: Client, namespace: str) -> dict[str, Any] | None:
     vmi = await vmi_phase(vb, "guest", "Running", namespace)
     connected = condition(vmi, "AgentConnected") if vmi is not None else None
     return vmi if connected is not None and connected["status"] == "True" else None
+
+
+async def _reported_address(vb: Client, namespace: str, address: str) -> dict[str, Any] | None:
+    """The Running VMI once its `status.interfaces` reports `address`."""
+    vmi = await vmi_phase(vb, "guest", "Running", namespace)
+    reported = [i.get("ipAddress") for i in (vmi or {}).get("status", {}).get("interfaces", [])]
+    return vmi if reported == [address] else None
 
 
 async def _true(value: bool) -> bool:
