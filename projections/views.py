@@ -396,8 +396,9 @@ class VirtualMachineInstanceView(View):
                 if self.migration is None:
                     self.ignore(event, "a migration that never started")
                     return
-                self.migration = msgspec.structs.replace(
-                    self.migration, end=event.timestamp, completed=True, mode=mode,
+                self.migration = msgspec.structs.replace(  # a failure said before it is
+                    self.migration, end=event.timestamp, completed=True, mode=mode,  # undone
+                    failed=False, failure_reason="",
                     abort_status="Failed" if event.aborting_failed else "")
                 self.node, self.evacuation_node = node, ""
                 self.launcher_version = event.launcher_version

@@ -14,6 +14,9 @@ evacuation controllers (`create-for-evacuation`, `admit`, `schedule-target`,
 | any unfinished  | a `failed` report, `fail` (a node or  | Failed; the guest stays       |
 |                 | the VMI lost), a cancel before the    |                               |
 |                 | source transfers                      |                               |
+| Failed          | the source reports `converged` (its   | Succeeded, and the VMI's      |
+|                 | libvirt handed the guest over), the   | nodeName = target: the guest  |
+|                 | VMI still on the source               | runs there                    |
 
 A cancel once the source transfers asks it to stop (`MigrationAbortRequested`); its `failed`
 report ends the migration (abortStatus Succeeded), or its `converged` one came first
@@ -330,6 +333,9 @@ def observe(d: Decision) -> None:
         raise Rejected(f"{d.command.actor} reported a migration from {m.source_node!r} to "
                        f"{m.target_node!r}", "node")
     if m.finished:
+        if obs.state == "converged" and m.phase == "Failed":
+            handed_over_after_failure(d, migration, obs)
+            return
         raise Rejected("already finished")
     match obs.state:
         case "target-ready":
@@ -350,6 +356,19 @@ def observe(d: Decision) -> None:
         case "failed":
             fail_migration(d, migration, obs.reason or "migration failed",
                            aborted=m.abort_requested)
+
+
+def handed_over_after_failure(d: Decision, migration: Aggregate[MigrationView],
+                              obs: MigrationObservation) -> None:
+    """The source's libvirt handed the guest over although the migration was failed
+    meanwhile (a lost node, a cancel after the hand-over): the guest runs on the target, so
+    the migration Succeeded and the VMI is there, as KubeVirt goes by where the domain runs.
+    Only while the VMI is still this migration's instance on the source."""
+    m = migration.state
+    vmi = load_vmi(d, m.metadata.namespace, m.vmi_name)
+    if vmi.state.uid != m.vmi_uid or vmi.state.node != m.source_node or not vmi.state.active:
+        raise Rejected("already finished, and the VMI is no longer on the source node")
+    succeed(d, migration, obs)
 
 
 def succeed(d: Decision, migration: Aggregate[MigrationView], obs: MigrationObservation) -> None:

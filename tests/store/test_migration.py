@@ -235,6 +235,57 @@ def test_a_lost_source_node_fails_the_migration(handler: SyncHandler) -> None:
     assert c.migration_state("web")["failed"] is True
 
 
+def test_a_hand_over_reported_after_the_migration_failed_moves_the_guest(
+        handler: SyncHandler) -> None:
+    """A real source's libvirt hands the guest over while the log fails the migration (its
+    target node NotReady): the source's late `converged` says where the guest runs, so the
+    migration Succeeded, the VMI is on the target, and the nodes finish and clean up."""
+    c = cluster(handler)
+    source = c.running("web")
+    c.user("VirtualMachineInstance", "migrate", "web")
+    c.settle()
+    assert c.report("web", "target-ready").outcome.accepted
+    assert c.report("web", "running").outcome.accepted
+    target = c.migration_of("web").target_node
+    run(c.handler, c.state, Command(
+        id=str(uuid.uuid4()), actor="system:controller:node-lifecycle", kind="Node",
+        verb="not-ready", name=target, manifest={"reason": "NodeStatusUnknown"}))
+    c.settle()
+    assert c.migration_of("web").phase == "Failed"
+    assert c.view("web").node == source
+
+    late = c.report("web", "converged", data_total=10)
+    assert late.outcome.accepted, late.outcome.reason
+    assert c.migration_of("web").phase == "Succeeded"
+    assert c.view("web").node == target
+    state = c.migration_state("web")
+    assert (state["completed"], state["failed"], state.get("failureReason")) == \
+        (True, False, None)
+    work = [(node, verb) for _, event in late.events
+            for node, verb, _ in Dispatcher.node_commands(event, c.state)]
+    assert work == [(target, "migrate-finish"), (source, "migrate-cleanup")]
+    again = c.report("web", "converged", data_total=10)
+    assert not again.outcome.accepted and "already finished" in again.outcome.reason
+
+
+def test_a_late_hand_over_of_a_vmi_no_longer_on_its_source_changes_nothing(
+        handler: SyncHandler) -> None:
+    c = cluster(handler)
+    source = c.running("web")
+    c.user("VirtualMachineInstance", "migrate", "web")
+    c.settle()
+    c.report("web", "target-ready")
+    run(c.handler, c.state, Command(  # as the node controller fails a lost node's VMIs
+        id=str(uuid.uuid4()), actor="system:controller:node", kind="VirtualMachineInstance",
+        verb="fail", namespace="default", name="web", manifest={"reason": "NodeUnresponsive"}))
+    c.settle()  # the migration fails with its VMI
+    assert c.migration_of("web").phase == "Failed"
+    late = c.report("web", "converged", data_total=10)
+    assert not late.outcome.accepted
+    assert "no longer on the source node" in late.outcome.reason
+    assert (c.migration_of("web").phase, c.view("web").node) == ("Failed", source)
+
+
 def test_migration_metrics_are_functions_of_the_log(handler: SyncHandler) -> None:
     c = cluster(handler)
     c.running("web")
