@@ -299,10 +299,11 @@ class NodeAgent:
                 return
             self.worklog = opened.result()
             await self._adopt_domains()
-            if self.network is not None:
-                await asyncio.to_thread(self.network.start,
-                                        {ref.uid for ref in self.domains.values()})
             await self.migrations.resume()
+            if self.network is not None:  # kept: the running guests' and the prepared ones'
+                await asyncio.to_thread(self.network.start,
+                                        {ref.uid for ref in self.domains.values()}
+                                        | set(self.migrations.book.incoming))
             await self.report_host(force=True)
             sim = await self.nc.subscribe(self.layout.agent_subject(self.cfg.node, "sim"),
                                           cb=self._on_sim)

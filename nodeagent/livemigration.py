@@ -206,3 +206,17 @@ def settle(conn: libvirt.virConnect, domain: str) -> bool:
         raise
     return bool(state == libvirt.VIR_DOMAIN_SHUTOFF
                 and reason == libvirt.VIR_DOMAIN_SHUTOFF_MIGRATED)
+
+
+def arrived(conn: libvirt.virConnect, domain: str) -> bool:
+    """On a target: the source has handed the guest over, so it runs here (its domain is
+    active and not the incoming one QEMU keeps paused until the hand-over)."""
+    try:
+        state, reason = conn.lookupByName(domain).state()
+    except libvirt.libvirtError as e:
+        if is_no_domain(e):
+            return False
+        raise
+    if state == libvirt.VIR_DOMAIN_PAUSED:
+        return bool(reason != libvirt.VIR_DOMAIN_PAUSED_MIGRATION)
+    return bool(state in (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_BLOCKED))

@@ -24,12 +24,15 @@ On libvirt's test driver the transfer is simulated (`nodeagent.migration`), from
 memory, the link (the agent's `sim_migration_bandwidth`, or the migration's bandwidth when
 lower) and the guest's dirty rate (its VMI's `virtbus.io/simulated-dirty-rate`, else the
 agent's `sim_dirty_rate`). On a real hypervisor libvirt migrates (`nodeagent.livemigration`):
-the target makes the guest's files when it prepares and reports where it listens with
-`target-ready` (its `migration_address`); the source's libvirtd sends the guest there, and
-`converged` means the guest runs on the target already (the source's domain is shut off).
-Its finish adopts the running domain as a launch would; the source's cleanup undefines its
-copy. A source restarted meanwhile first lets libvirt settle the transfer the last agent
-started (`livemigration.settle`): converged if the guest left, else failed as above.
+the target makes the guest's files and attaches its network (the taps and MACs a launch
+would give it) when it prepares, and reports where it listens with `target-ready` (its
+`migration_address`); the source's libvirtd sends the guest there, and `converged` means
+the guest runs on the target already (the source's domain is shut off). Its finish adopts
+the running domain as a launch would; the source's cleanup undefines its copy and removes
+its taps. A target whose migration failed releases what it prepared, unless libvirt handed
+it the guest anyway (the source's late `converged` then moves the VMI there). A source
+restarted meanwhile first lets libvirt settle the transfer the last agent started
+(`livemigration.settle`): converged if the guest left, else failed as above.
 """
 
 from __future__ import annotations
@@ -253,7 +256,7 @@ class Migrations:
                                 "target node")
             return
         try:
-            await self._make_ready(ref.uid, vmi)
+            await self._make_ready(ref, vmi)
         except VirtbusError as e:
             await self._observe(order, ref, "failed", reason=f"target not ready: {e}")
             return
@@ -261,18 +264,33 @@ class Migrations:
         await self._save()
         await self._observe(order, ref, "target-ready", target_address=self._address())
 
-    async def _make_ready(self, uid: str, vmi: dict[str, Any]) -> None:
-        """Hold the guest's devices and, on a real host, make its files (the guest's QEMU
-        opens them here when it comes in); neither stays if either fails."""
-        spec, ctx = self._reserve(uid, vmi)
+    async def _make_ready(self, ref: VMIRef, vmi: dict[str, Any]) -> None:
+        """Hold the guest's devices and, on a real host, make its files and attach its
+        network as a launch does (the taps and MACs derive from the uid, so they are the
+        ones the guest's domain names: its QEMU opens them here when it comes in, as
+        virt-handler's migration target preparation makes the target pod's network); none
+        of it stays if any fails."""
+        spec, ctx = self._reserve(ref.uid, vmi)
         if self.agent.cfg.simulated:
             return
         try:
             await asyncio.to_thread(guestdisks.prepare, spec, ctx, self.agent.images,
                                     guest_owner(self.agent.capabilities, self.agent.domain_type))
+            if self.agent.network is not None:
+                await asyncio.to_thread(self.agent.network.attach, ref, spec)
         except (VirtbusError, OSError) as e:
-            self.agent.ledger.release(uid)
-            raise VirtbusError(f"the guest's files: {e}") from e
+            await self._unprepare(ref)
+            raise VirtbusError(f"the guest's files or network: {e}") from e
+
+    async def _unprepare(self, ref: VMIRef) -> None:
+        """Release what `_make_ready` made for a guest that is not (and will not be) here."""
+        self.agent.ledger.release(ref.uid)
+        if self.agent.cfg.simulated:
+            return
+        await asyncio.to_thread(guestdisks.remove, self.agent.cfg.disk_dir,
+                                converter_defaults.RUN_DIR, ref.namespace, ref.name, ref.uid)
+        if self.agent.network is not None:
+            await asyncio.to_thread(self.agent.network.detach, ref.uid)
 
     def _address(self) -> str:
         """Where this host takes migrations in; '' on the test driver (nothing listens)."""
@@ -457,13 +475,22 @@ class Migrations:
         incoming = self.book.incoming.get(ref.uid)
         if incoming is None or incoming.order.uid != order.uid:
             return
-        if ref.domain not in self.agent.domains:
-            self.agent.ledger.release(ref.uid)
-            if not self.agent.cfg.simulated:
-                await asyncio.to_thread(guestdisks.remove, self.agent.cfg.disk_dir,
-                                        converter_defaults.RUN_DIR, ref.namespace, ref.name,
-                                        ref.uid)
+        if await self._guest_here(ref):
+            # libvirt handed the guest over before the migration failed: what it runs on
+            # stays, for the source's late `converged` to move the VMI here
+            self.agent.log.warning("migration failed, yet its guest runs here: kept",
+                                   vmi=ref.name, migration=order.uid)
+            return
+        await self._unprepare(ref)
         await self._forget_incoming(ref.uid)
+
+    async def _guest_here(self, ref: VMIRef) -> bool:
+        """The guest runs on this node: adopted, or (a real host) its domain came in."""
+        if ref.domain in self.agent.domains:
+            return True
+        if self.agent.cfg.simulated:
+            return False
+        return await asyncio.to_thread(livemigration.arrived, self.agent.conn, ref.domain)
 
     async def _depart(self, ref: VMIRef, order: MigrationOrder) -> None:
         """The VMI runs on the target now: remove this copy without a word (a `gone` report
