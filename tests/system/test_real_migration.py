@@ -1,25 +1,29 @@
 """Live migration of a real guest, through the whole system: control plane, read service and
 two real agents, each on a libvirt host of its own (`tests.libvirthost`: two libvirtds on
-this machine, each in namespaces of its own, with its own guest files). libvirt migrates
-the guest (`migrateToURI3`, peer to peer, its containerDisk copied with it) from one host
-to the other, the agents report, and the log moves the VMI.
+this machine, each in namespaces of its own, network included, with its own guest files,
+joined by a veth pair). libvirt migrates the guest (`migrateToURI3`, peer to peer, its
+containerDisk copied with it) from one host to the other, the agents report, and the log
+moves the VMI. The test's NATS listens on the one address of the machine both hosts reach.
 
 The guest is the host's kernel with a busybox init that writes a token (from its kernel
-command line) into its containerDisk, then prints a counter and what its disk holds there,
-every second, on the serial console, which each host logs in its own directory. So a test
-sees which host runs it, that it kept counting across the move (the same guest, not booted
-again), and that its disk came along.
+command line) into its containerDisk, takes its address by DHCP when it has a network
+interface, then prints a counter and what its disk holds there, every second, on the serial
+console, which each host logs in its own directory. So a test sees which host runs it, that
+it kept counting across the move (the same guest, not booted again), and that its disk came
+along. A VM with KubeVirt's default pod interface has its tap on the bridge of the host
+that runs it, and on no other.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
+import json
 import re
 import shutil
 import subprocess
 import tempfile
 import uuid
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,13 +33,16 @@ import libvirt
 import pytest
 
 from controlplane.user.client import Client
+from events.server import EmbeddedNats
 from nodeagent.converter.console import SERIAL_LOG
-from nodeagent.defaults import SOURCE_RESTARTED_REASON
+from nodeagent.defaults import BRIDGE, SOURCE_RESTARTED_REASON
 from nodeagent.imagestore import ImageStore
 from nodeagent.migrating import ABORTED_REASON
 from nodeagent.migration import COMPLETION_TIMEOUT
-from tests.libvirthost import LibvirtHost, libvirt_host
-from tests.realhost import QEMU, QEMU_IMG, busybox_initramfs, host_kernel, require
+from nodeagent.network.links import TAP_ALIAS_PREFIX
+from nodeagent.network.nics import derived_mac, tap_name
+from tests.libvirthost import LibvirtHost, Uplink, host_pair, libvirt_host, uplink
+from tests.realhost import DHCP_EVENT, QEMU, QEMU_IMG, busybox_initramfs, host_kernel, require
 from tests.system.harness import System, eventually
 from tests.system.test_guests import virtbus
 from tests.system.test_migration import migration, migration_config, running_on
@@ -54,11 +61,12 @@ TOKEN_OFFSET_BLOCKS = 2048
 """Where in its disk the guest writes its token: 1 MiB in, in 512-byte blocks."""
 MODULES = ["drivers/virtio/virtio_ring.ko", "drivers/virtio/virtio.ko",
            "drivers/virtio/virtio_pci_legacy_dev.ko", "drivers/virtio/virtio_pci_modern_dev.ko",
-           "drivers/virtio/virtio_pci.ko", "drivers/block/virtio_blk.ko"]
+           "drivers/virtio/virtio_pci.ko", "drivers/block/virtio_blk.ko",
+           "net/core/failover.ko", "drivers/net/net_failover.ko", "drivers/net/virtio_net.ko"]
 INIT = f"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin
-mkdir -p /proc /sys /dev
+mkdir -p /proc /sys /dev /tmp
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
@@ -66,6 +74,15 @@ for module in /modules/*.ko; do insmod "$module"; done
 token=$(sed -n 's/.*virtbus.token=\\([^ ]*\\).*/\\1/p' /proc/cmdline)
 printf '%s' "$token" | dd of=/dev/vda bs=512 seek={TOKEN_OFFSET_BLOCKS} conv=notrunc,fsync \\
     2>/dev/null
+if [ -e /sys/class/net/eth0 ]; then  # on the pod network: its address by DHCP
+    ip link set lo up
+    ip link set eth0 up
+    if udhcpc -i eth0 -s /bin/dhcp-event -t 30 -T 2 -n -q; then
+        echo "virtbus-guest: address $(cat /tmp/ip)"
+    else
+        echo "virtbus-guest: no DHCP lease"
+    fi
+fi
 i=0
 while true; do
     echo 3 > /proc/sys/vm/drop_caches
@@ -77,6 +94,7 @@ while true; do
 done
 """
 TICK = re.compile(r"virtbus-guest: tick (\d+) disk (\S*)")
+ADDRESS = re.compile(r"virtbus-guest: address (\S+)")
 
 
 @dataclass(frozen=True)
@@ -92,7 +110,7 @@ def guest_files() -> Iterator[Path]:
     base = Path(tempfile.mkdtemp(prefix="virtbus-migrating-guest-", dir="/var/tmp"))
     base.chmod(0o755)
     try:
-        busybox_initramfs(base / "initrd.img", INIT, MODULES)
+        busybox_initramfs(base / "initrd.img", INIT, MODULES, {"bin/dhcp-event": DHCP_EVENT})
         shutil.copy(host_kernel()[0], base / "vmlinuz")
         subprocess.run([QEMU_IMG, "create", "-q", "-f", "raw", str(base / "disk.raw"), "2M"],
                        check=True)
@@ -101,14 +119,32 @@ def guest_files() -> Iterator[Path]:
         shutil.rmtree(base)
 
 
+@pytest.fixture(scope="module")
+def machine_end() -> Iterator[Uplink]:
+    with uplink() as up:
+        yield up
+
+
+@pytest.fixture(scope="module")
+def nats_url(machine_end: Uplink) -> Iterator[str]:
+    """This module's NATS, where the hosts' agents reach it (`tests.libvirthost`)."""
+    data = Path(tempfile.mkdtemp(prefix="virtbus-nats-"))
+    server = EmbeddedNats(data, host=machine_end.address).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
 @pytest.fixture
-def hosts(tmp_path: Path) -> Iterator[dict[str, LibvirtHost]]:
-    """node-1 and node-2: two libvirt hosts, on loopback addresses of their own, each with
-    its own copy of the agents' disk directory."""
-    network = f"127.{random.randrange(1, 255)}.{random.randrange(1, 255)}"
+def hosts(tmp_path: Path, machine_end: Uplink) -> Iterator[dict[str, LibvirtHost]]:
+    """node-1 and node-2: two libvirt hosts, each in a network namespace of its own, joined
+    by a veth pair, each with its own copy of the agents' disk directory."""
     disks = tmp_path / "disks"
-    with libvirt_host("node-1", f"{network}.2", disks) as one, \
-            libvirt_host("node-2", f"{network}.3", disks) as two:
+    with host_pair(machine_end, ("node-1", "node-2")) as nets, \
+            libvirt_host("node-1", nets["node-1"], disks) as one, \
+            libvirt_host("node-2", nets["node-2"], disks) as two:
         yield {"node-1": one, "node-2": two}
 
 
@@ -126,7 +162,8 @@ def system(nats_url: str, prefix: str, tmp_path: Path, hosts: dict[str, LibvirtH
     for node, host in hosts.items():
         sys_.args[node] += ["--image-dir", store.root, "--hypervisor", "qemu",
                             "--migration-address", host.address,
-                            "--migration-report-interval", "0.2"]
+                            "--migration-report-interval", "0.2",
+                            "--network-dir", str(host.base / "network")]
         sys_.entered[node] = host.enter()
     try:
         sys_.start_all()
@@ -135,7 +172,11 @@ def system(nats_url: str, prefix: str, tmp_path: Path, hosts: dict[str, LibvirtH
         sys_.stop_all()
 
 
-def vm(name: str, token: str) -> dict[str, Any]:
+def vm(name: str, token: str, *, pod_network: bool = False) -> dict[str, Any]:
+    """The guest's VM; `pod_network`: with KubeVirt's default pod interface, else none."""
+    devices: dict[str, Any] = {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]}
+    if not pod_network:
+        devices["autoattachPodInterface"] = False
     return {
         "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
         "metadata": {"name": name, "namespace": "default"},
@@ -145,18 +186,42 @@ def vm(name: str, token: str) -> dict[str, Any]:
                     "kernelArgs": f"console=ttyS0 panic=-1 quiet virtbus.token={token}",
                     "container": {"image": BOOT_IMAGE, "kernelPath": "/boot/vmlinuz",
                                   "initrdPath": "/boot/initrd.img"}}},
-                "devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}],
-                            "autoattachPodInterface": False},
+                "devices": devices,
                 "resources": {"requests": {"memory": "128Mi"}}},
             "volumes": [{"name": "root", "containerDisk": {"image": DISK_IMAGE}}]}}},
     }
 
 
-def ticks(host: LibvirtHost, name: str) -> list[Tick]:
+def serial(host: LibvirtHost, name: str) -> str:
     """What the guest printed on `host`'s serial console log."""
     log = host.run_dir("default", name) / SERIAL_LOG
-    text = log.read_text(errors="replace") if log.exists() else ""
-    return [Tick(int(m[1]), m[2]) for m in TICK.finditer(text)]
+    return log.read_text(errors="replace") if log.exists() else ""
+
+
+def ticks(host: LibvirtHost, name: str) -> list[Tick]:
+    return [Tick(int(m[1]), m[2]) for m in TICK.finditer(serial(host, name))]
+
+
+def taps(host: LibvirtHost) -> dict[str, str]:
+    """The taps on the agent's bridge in `host`'s network namespace, each with the VMI uid
+    its alias names."""
+    if BRIDGE not in {link["ifname"] for link in json.loads(host.ip("-j", "link", "show"))}:
+        return {}
+    return {str(link["ifname"]): str(link.get("ifalias", "")).removeprefix(TAP_ALIAS_PREFIX)
+            for link in json.loads(host.ip("-j", "-d", "link", "show", "master", BRIDGE))
+            if link.get("linkinfo", {}).get("info_kind") == "tun"}
+
+
+def nics(host: LibvirtHost, domain: str) -> set[tuple[str, str]]:
+    """The tap and MAC of each interface of `domain` as `host`'s libvirtd runs it."""
+    conn = libvirt.open(host.uri)
+    try:
+        root = ET.fromstring(conn.lookupByName(domain).XMLDesc(0))
+    finally:
+        conn.close()
+    return {(target.get("dev", ""), mac.get("address", ""))
+            for i in root.iterfind("devices/interface")
+            if (target := i.find("target")) is not None and (mac := i.find("mac")) is not None}
 
 
 async def ticking(host: LibvirtHost, name: str, past: int,
@@ -215,6 +280,42 @@ async def test_a_real_guest_migrates_live_with_its_disk(
     assert later.disk == token
     await eventually(lambda: _gone(hosts[source].run_dir("default", "web")),
                      timeout=MIGRATE_SECONDS, what="the source's copy of the guest removed")
+
+
+async def test_a_real_guest_on_the_pod_network_migrates_with_its_tap(
+        system: System, vb: Client, hosts: dict[str, LibvirtHost]) -> None:
+    """KubeVirt's default pod interface: the target attaches the guest's network as a launch
+    would (the tap and MAC its domain names), so QEMU there opens its tap; the guest goes on
+    counting there, and the source's tap goes with its copy."""
+    token = uuid.uuid4().hex[:12]
+    await vb.apply(vm("net", token, pod_network=True))
+    source, uid = await running_on(vb, "net")
+    target = next(n for n in hosts if n != source)
+    tap = tap_name(uid, 0)
+    before = await ticking(hosts[source], "net", past=0)
+    assert before.disk == token
+    assert ADDRESS.search(serial(hosts[source], "net")), "the guest leased no address"
+    assert (taps(hosts[source]), taps(hosts[target])) == ({tap: uid}, {})
+
+    moved = await virtbus(system, "migrate", "net")
+    assert moved.code == 0, moved.err
+    await eventually(lambda: migration(vb, "net", "Succeeded"), timeout=MIGRATE_SECONDS,
+                     what="the migration Succeeded")
+    vmi = await vb.get("VirtualMachineInstance", "default", "net")
+    assert (vmi["metadata"]["uid"], vmi["status"]["nodeName"]) == (uid, target)
+    await eventually(lambda: runs_only_on(hosts, target, "net"), timeout=MIGRATE_SECONDS,
+                     what="the guest on its target only")
+    arrived = await ticking(hosts[target], "net", past=0)
+    assert ticks(hosts[target], "net")[0].number > before.number, \
+        "the guest went on counting: moved, not booted again"
+    assert arrived.disk == token
+    assert (tap, derived_mac(uid, 0)) in await asyncio.to_thread(nics, hosts[target],
+                                                                 "default_net")
+    assert taps(hosts[target]) == {tap: uid}
+    await eventually(lambda: _true(taps(hosts[source]) == {}), timeout=MIGRATE_SECONDS,
+                     what="the source's tap removed")
+    later = await ticking(hosts[target], "net", past=arrived.number)
+    assert later.disk == token
 
 
 async def test_a_cancelled_real_migration_leaves_the_guest_on_its_source(
@@ -316,3 +417,7 @@ async def moving(vb: Client, name: str) -> bool:
 
 async def _gone(path: Path) -> bool:
     return not path.exists()
+
+
+async def _true(value: bool) -> bool:
+    return value
