@@ -302,17 +302,18 @@ class _Shape:
     """A view class as this version makes one: its attributes in the snapshot's order, and
     the type of each whose fresh value is not None. A row of another shape is refused."""
 
-    def __init__(self, cls: type[View], keys: list[str]) -> None:
-        self.cls, self.keys = cls, keys
-        self.types = [None if v is None else type(v) for v in vars(cls("")).values()]
+    def __init__(self, cls: type[View], fresh: dict[str, Any]) -> None:
+        self.cls, self.keys = cls, list(fresh)
+        self.types = [None if v is None else type(v) for v in fresh.values()]
 
     @classmethod
     def of(cls, columns: _Columns) -> _Shape:
         view_class = VIEW_KINDS.get(columns.kind)
-        if view_class is None or columns.keys != list(vars(view_class("")).keys()):
+        fresh = vars(view_class("")) if view_class is not None else {}
+        if view_class is None or columns.keys != list(fresh):
             raise SnapshotRejected(f"not a view as this version makes one: {columns.kind!r} "
                                    f"with {columns.keys!r}"[:200])
-        return cls(view_class, columns.keys)
+        return cls(view_class, fresh)
 
     def build(self, row: list[Any]) -> View:
         values = row[1:]
