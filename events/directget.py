@@ -7,6 +7,7 @@ with a 204 status), so reading a log costs one round trip per page, not per mess
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
 from datetime import UTC, datetime
 from typing import Final
 
@@ -99,14 +100,26 @@ def sequence(msg: Msg) -> int:
     return int((msg.headers or {})["Nats-Sequence"])
 
 
+async def pages(nc: Client, stream: str, subject: str,
+                start: int = 1) -> AsyncGenerator[list[Msg], None]:
+    """The messages on `subject` from `start` to the stream's end, a page at a time, so a
+    reader that has what it needs stops reading."""
+    while True:
+        page = await direct_batch(nc, stream, start, PAGE, subject)
+        yield page
+        if len(page) < PAGE:
+            return
+        start = sequence(page[-1]) + 1
+
+
 async def read_all(nc: Client, stream: str, subject: str, start: int = 1,
                    stop: int | None = None) -> list[Msg]:
     """Every message on `subject` from `start` (to `stop`, inclusive)."""
     out: list[Msg] = []
-    while stop is None or start <= stop:
-        page = await direct_batch(nc, stream, start, PAGE, subject)
+    if stop is not None and start > stop:
+        return out
+    async for page in pages(nc, stream, subject, start):
         out.extend(m for m in page if stop is None or sequence(m) <= stop)
-        if len(page) < PAGE:
+        if stop is not None and page and sequence(page[-1]) >= stop:
             break
-        start = sequence(page[-1]) + 1
     return out

@@ -1,13 +1,16 @@
 """The past, read from the log itself: the cluster at a point, one object's history, one
 request's trail across objects, and the changes from a point on. The read service runs these
 for whoever asks and shows each answer through the asker's `Sight`, so a person who may not
-read the log (every namespace, cloud-init secrets in clear) audits what it may read. Each
-replays the log from its start: the cost grows with the log (bounding it is a later issue).
+read the log (every namespace, cloud-init secrets in clear) audits what it may read. The
+cluster at a point and the changes from a point start from the newest snapshot before that
+point (`projections.snapshots`) and fold the log's tail from there, so they cost what lies
+between, not the whole history; a history reads its object's own subject.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import aclosing
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -16,7 +19,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from events.codec import Event
-from events.directget import read_all, sequence
+from events.directget import pages, read_all, sequence
 from events.query import WATCH_PAGE, Change, HistoryEntry, WatchQuery
 from events.subjects import Layout, aggregate_id, split_aggregate_id
 from projections.cluster import ClusterState
@@ -111,27 +114,39 @@ async def changes_from(nc: Client, layout: Layout, query: WatchQuery, first: int
     `sight` shows them (an object it may not read: no change at all), and the sequence the
     next page starts at: past every message read, so none is shown twice or skipped."""
     state = ClusterState()
-    token = KIND_TOKENS[query.kind]
+    start = await restore(Snapshots(nc, layout), state, at_most=first - 1, announce=False)
     out: list[Change] = []
     position = first
-    for msg in await read_all(nc, layout.events_stream, layout.events_filter()):
-        if len(out) == WATCH_PAGE:
-            break
-        folded = _fold(state, msg)
-        position = max(position, sequence(msg) + 1)
-        if folded is None or sequence(msg) < first:
-            continue
-        event, view = folded
-        view_token, id_namespace, id_name = split_aggregate_id(event.originator_id)
-        meta = getattr(view, "metadata", None)
-        name = meta.name if meta is not None else id_name
-        namespace = meta.namespace if meta is not None else id_namespace
-        if view_token != token or (query.name and name != query.name) or (
-                query.namespace and namespace != query.namespace):
-            continue
-        if not sight.may_read(namespace):
-            continue
-        rendered = render_view(state, view)
-        out.append(Change(sequence(msg), event.TYPE, event.timestamp, event.actor, namespace,
-                          name, sight.show(rendered) if rendered else None))
+    async with aclosing(pages(nc, layout.events_stream, layout.events_filter(),
+                              start)) as paged:
+        async for page in paged:
+            for msg in page:
+                if len(out) == WATCH_PAGE:
+                    return out, position
+                folded = _fold(state, msg)
+                position = max(position, sequence(msg) + 1)
+                if folded is None or sequence(msg) < first:
+                    continue
+                change = _change(state, msg, folded, query, sight)
+                if change is not None:
+                    out.append(change)
     return out, position
+
+
+def _change(state: ClusterState, msg: Msg, folded: tuple[Event, View], query: WatchQuery,
+            sight: Sight) -> Change | None:
+    """The change the event in `msg` made to its view, if `query` names the object and
+    `sight` may see it."""
+    event, view = folded
+    view_token, id_namespace, id_name = split_aggregate_id(event.originator_id)
+    meta = getattr(view, "metadata", None)
+    name = meta.name if meta is not None else id_name
+    namespace = meta.namespace if meta is not None else id_namespace
+    if view_token != KIND_TOKENS[query.kind] or (query.name and name != query.name) or (
+            query.namespace and namespace != query.namespace):
+        return None
+    if not sight.may_read(namespace):
+        return None
+    rendered = render_view(state, view)
+    return Change(sequence(msg), event.TYPE, event.timestamp, event.actor, namespace, name,
+                  sight.show(rendered) if rendered else None)

@@ -14,20 +14,25 @@ version is ignored, as is one that does not decode (bytes are hostile until prov
 ignored one is logged with its name and reason and counted (`Snapshots.ignored`); the reader
 falls back to an older snapshot or to the log from its start.
 
-The views are plain objects, so each is written as its attributes through `_pack`, which
-keeps every Python type the views hold (tuples, sets, datetimes, msgspec Structs) as a
-tagged msgpack extension, and refuses any other: a state it cannot write exactly is not
-written. Reading back builds only what the tags name: view classes of `VIEW_KINDS` and
-Structs of `events` and `projections`.
+The views are plain objects, so each is written as a row of its attribute values (their
+names once per view class) through `_Packer`, which keeps every Python type the views hold
+(tuples, sets, datetimes, msgspec Structs) as msgpack's own or a tagged extension, and
+refuses any other: a state it cannot write exactly is not written. Each distinct Struct
+value is written once, decoded once. The whole is zlib-compressed. Reading back builds only
+what the tags name: view classes of `VIEW_KINDS` as this version makes them and Structs of
+`events` and `projections`. A snapshot's chunks are read by batched Direct Get; one the
+ring has cut short is passed over at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import time
+import zlib
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
@@ -35,9 +40,11 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
+from nats.js.api import ObjectInfo
 from nats.js.object_store import ObjectStore
 
 from events.aio import pause_unless_stopped
+from events.directget import read_all
 from events.subjects import Layout
 from events.transient import describe
 from projections.cluster import VIEW_KINDS, ClusterState
@@ -85,22 +92,44 @@ class Unsnapshottable(Exception):
     """A state holding a value `_pack` cannot write back exactly."""
 
 
-class _ViewRecord(msgspec.Struct, array_like=True, frozen=True):
+class _Columns(msgspec.Struct, array_like=True, frozen=True):
+    """One view class's attribute names, in the order each of its rows holds the values."""
+
     kind: str
-    id: str
-    attributes: msgspec.msgpack.Ext
+    keys: list[str]
+
+
+class _StructBody(msgspec.Struct, array_like=True, frozen=True):
+    """One distinct Struct value, by `module:qualname`, and its msgpack."""
+
+    name: str
+    body: bytes
+
+
+class _Content(msgspec.Struct, frozen=True, kw_only=True):
+    skipped: dict[str, int]
+    columns: list[_Columns]
+    structs: list[_StructBody]
+    views: msgspec.Raw
+    """Rows `[column index, *values]`, each value as `_Packer` writes it."""
 
 
 class _SnapshotFile(msgspec.Struct, frozen=True, kw_only=True):
     schema: str
     sequence: int
-    skipped: dict[str, int]
-    views: list[_ViewRecord]
+    content: bytes
+    """`_Content`, zlib-compressed: views repeat themselves a lot (a fleet's VMs are alike), so
+    it is a tenth the size, which the ring keeps ten times as many of."""
 
 
-# msgpack extension codes of `_pack`.
+# msgpack extension codes of `_Packer`.
 _TUPLE, _SET, _FROZENSET, _DICT, _DATETIME, _TIMEDELTA, _STRUCT = range(1, 8)
 _SCALARS: Final = (bool, int, float, str, bytes)
+_INDEX_BYTES: Final = 4
+MAX_SNAPSHOT_BYTES: Final = 1 << 30
+"""The most a snapshot may inflate to: a compressed bomb is refused, not inflated."""
+_COMPRESSION_LEVEL: Final = 1
+"""zlib's fastest: the tenfold saving is in the first level already."""
 
 
 def _struct_types() -> dict[str, type[msgspec.Struct]]:
@@ -124,40 +153,63 @@ def _structs() -> dict[str, type[msgspec.Struct]]:
     return _STRUCTS
 
 
-def _pack(value: Any) -> Any:
-    """`value` as msgspec encodes it, every type the views hold kept by a tag."""
-    kind = type(value)
-    if value is None or kind in _SCALARS:
-        return value
-    if kind is list:
-        return [_pack(v) for v in value]
-    if kind is tuple:
-        return _ext(_TUPLE, [_pack(v) for v in value])
-    if kind is dict:
-        return _ext(_DICT, [[_pack(k), _pack(v)] for k, v in value.items()])
-    if kind is set or kind is frozenset:
-        return _ext(_SET if kind is set else _FROZENSET, [_pack(v) for v in value])
-    if kind is datetime:
-        return msgspec.msgpack.Ext(_DATETIME, value.isoformat().encode())
-    if kind is timedelta:
-        return _ext(_TIMEDELTA, [value.days, value.seconds, value.microseconds])
-    if isinstance(value, msgspec.Struct):
-        name = f"{kind.__module__}:{kind.__qualname__}"
-        if _structs().get(name) is kind:
-            return _ext(_STRUCT, [name, msgspec.msgpack.encode(value)])
-    raise Unsnapshottable(f"{kind.__module__}.{kind.__qualname__}")
+class _Packer:
+    """Writes values as msgspec encodes them, every type the views hold kept by a tag. Each
+    distinct Struct value goes once into a table and is named by its index there: views
+    share most of theirs (a VM's spec and its VMI's, a fleet's identical specs), so a reader
+    decodes each once and the views share it again, as `View.copy` shares them live."""
+
+    def __init__(self) -> None:
+        self.structs: list[_StructBody] = []
+        self._by_body: dict[tuple[str, bytes], int] = {}
+        self._by_identity: dict[int, tuple[int, msgspec.Struct]] = {}
+
+    def pack(self, value: Any) -> Any:
+        kind = type(value)
+        if value is None or kind in _SCALARS:
+            return value
+        if kind is list:
+            return [self.pack(v) for v in value]
+        if kind is datetime and value.tzinfo is UTC:
+            return value  # msgpack's own timestamp, read back as this very datetime
+        if kind is tuple:
+            return self._ext(_TUPLE, [self.pack(v) for v in value])
+        if kind is dict:
+            return self._ext(_DICT, [[self.pack(k), self.pack(v)] for k, v in value.items()])
+        if kind is set or kind is frozenset:
+            return self._ext(_SET if kind is set else _FROZENSET, [self.pack(v) for v in value])
+        if kind is datetime:
+            return msgspec.msgpack.Ext(_DATETIME, value.isoformat().encode())
+        if kind is timedelta:
+            return self._ext(_TIMEDELTA, [value.days, value.seconds, value.microseconds])
+        if isinstance(value, msgspec.Struct):
+            name = f"{kind.__module__}:{kind.__qualname__}"
+            if _structs().get(name) is kind:
+                return msgspec.msgpack.Ext(_STRUCT, self._index(name, value).to_bytes(
+                    _INDEX_BYTES, "big"))
+        raise Unsnapshottable(f"{kind.__module__}.{kind.__qualname__}")
+
+    def _index(self, name: str, value: msgspec.Struct) -> int:
+        known = self._by_identity.get(id(value))
+        if known is not None and known[1] is value:
+            return known[0]
+        body = msgspec.msgpack.encode(value)
+        index = self._by_body.setdefault((name, body), len(self.structs))
+        if index == len(self.structs):
+            self.structs.append(_StructBody(name, body))
+        self._by_identity[id(value)] = (index, value)  # held, so its id is not reused
+        return index
+
+    @staticmethod
+    def _ext(code: int, items: Any) -> msgspec.msgpack.Ext:
+        return msgspec.msgpack.Ext(code, msgspec.msgpack.encode(items))
 
 
-def _ext(code: int, items: Any) -> msgspec.msgpack.Ext:
-    return msgspec.msgpack.Ext(code, msgspec.msgpack.encode(items))
-
-
-def _struct_of(items: list[Any]) -> msgspec.Struct:
-    name, body = items
-    cls = _structs().get(name)
+def _struct_of(body: _StructBody) -> msgspec.Struct:
+    cls = _structs().get(body.name)
     if cls is None:
-        raise SnapshotRejected(f"names no Struct of this version: {name!r}")
-    return msgspec.msgpack.decode(body, type=cls)
+        raise SnapshotRejected(f"names no Struct of this version: {body.name!r}")
+    return msgspec.msgpack.decode(body.body, type=cls)
 
 
 _BUILDERS: Final[dict[int, Any]] = {
@@ -167,32 +219,46 @@ _BUILDERS: Final[dict[int, Any]] = {
     _DICT: lambda items: {k: v for k, v in items},
     _TIMEDELTA: lambda items: timedelta(days=items[0], seconds=items[1],
                                         microseconds=items[2]),
-    _STRUCT: _struct_of,
 }
 
 
-def _unpack_ext(code: int, data: memoryview) -> Any:
-    """The value a `_pack` tag stands for; any other tag is refused."""
-    if code == _DATETIME:
-        return datetime.fromisoformat(bytes(data).decode())
-    build = _BUILDERS.get(code)
-    if build is None:
-        raise SnapshotRejected(f"unknown extension {code}")
-    return build(_DECODER.decode(data))
+def _decoder(structs: list[msgspec.Struct]) -> msgspec.msgpack.Decoder[Any]:
+    """A decoder of `_Packer`'s values, its Struct tags naming `structs`; any other tag is
+    refused."""
 
+    def unpack_ext(code: int, data: memoryview) -> Any:
+        if code == _STRUCT:
+            return structs[int.from_bytes(data, "big")]
+        if code == _DATETIME:
+            return datetime.fromisoformat(bytes(data).decode())
+        build = _BUILDERS.get(code)
+        if build is None:
+            raise SnapshotRejected(f"unknown extension {code}")
+        return build(decoder.decode(data))
 
-_DECODER: Final = msgspec.msgpack.Decoder(ext_hook=_unpack_ext)
+    decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(ext_hook=unpack_ext)
+    return decoder
 
 
 def encode_state(state: ClusterState) -> bytes:
     """`state` as a snapshot at its `last_sequence`; `Unsnapshottable` if it holds a value
     that could not be read back exactly."""
     kinds = {cls: kind for kind, cls in VIEW_KINDS.items()}
-    records = [_ViewRecord(kinds[type(view)], agg_id, _pack(dict(vars(view))))
-               for agg_id, view in state.views.items()]
+    packer = _Packer()
+    columns: dict[tuple[type[View], tuple[str, ...]], int] = {}
+    rows = []
+    for view in state.views.values():
+        attributes = vars(view)
+        shape = (type(view), tuple(attributes))
+        column = columns.setdefault(shape, len(columns))
+        rows.append([column, *(packer.pack(v) for v in attributes.values())])
+    content = _Content(
+        skipped=dict(state.skipped),
+        columns=[_Columns(kinds[cls], list(keys)) for cls, keys in columns],
+        structs=packer.structs, views=msgspec.Raw(msgspec.msgpack.encode(rows)))
     return msgspec.msgpack.encode(_SnapshotFile(
-        schema=SNAPSHOT_SCHEMA, sequence=state.last_sequence, skipped=dict(state.skipped),
-        views=records))
+        schema=SNAPSHOT_SCHEMA, sequence=state.last_sequence,
+        content=zlib.compress(msgspec.msgpack.encode(content), _COMPRESSION_LEVEL)))
 
 
 def decode_state(data: bytes) -> ClusterState:
@@ -205,31 +271,60 @@ def decode_state(data: bytes) -> ClusterState:
     if snapshot.schema != SNAPSHOT_SCHEMA:
         raise SnapshotRejected(f"schema {snapshot.schema!r}, this version's is "
                                f"{SNAPSHOT_SCHEMA!r}")
-    state = ClusterState()
+    try:
+        content = msgspec.msgpack.decode(_inflate(snapshot.content), type=_Content)
+        structs = [_struct_of(body) for body in content.structs]
+        shapes = [_Shape.of(columns) for columns in content.columns]
+        rows = _decoder(structs).decode(content.views)
+        state = ClusterState()
+        for row in rows:
+            view = shapes[row[0]].build(row)
+            state.views[view.id] = view
+    except (msgspec.DecodeError, zlib.error, ValueError, TypeError, IndexError,
+            RecursionError) as e:
+        raise SnapshotRejected(f"{type(e).__name__}: {e}") from e
     state.last_sequence = snapshot.sequence
-    state.skipped = Counter(snapshot.skipped)
-    for record in snapshot.views:
-        state.views[record.id] = _view(record)
+    state.skipped = Counter(content.skipped)
     return state
 
 
-def _view(record: _ViewRecord) -> View:
-    cls = VIEW_KINDS.get(record.kind)
-    if cls is None or record.attributes.code != _DICT:
-        raise SnapshotRejected(f"not a view: {record.kind!r} {record.id!r}")
-    try:
-        attributes = _unpack_ext(record.attributes.code, memoryview(record.attributes.data))
-    except (msgspec.DecodeError, ValueError, TypeError, IndexError, RecursionError) as e:
-        raise SnapshotRejected(f"view {record.id!r}: {type(e).__name__}: {e}") from e
-    fresh = vars(cls(record.id))
-    if attributes.keys() != fresh.keys() or attributes["id"] != record.id or any(
-            fresh[k] is not None and type(v) is not type(fresh[k])
-            for k, v in attributes.items()):
-        raise SnapshotRejected(f"view {record.id!r} is not a {cls.__name__} as this "
-                               "version makes one")
-    view = cls.__new__(cls)
-    vars(view).update(attributes)
-    return view
+def _inflate(content: bytes) -> bytes:
+    inflater = zlib.decompressobj()
+    out = inflater.decompress(content, MAX_SNAPSHOT_BYTES)
+    if inflater.unconsumed_tail:
+        raise SnapshotRejected(f"inflates past {MAX_SNAPSHOT_BYTES} bytes")
+    if not inflater.eof:
+        raise SnapshotRejected("compressed content cut short")
+    return out
+
+
+class _Shape:
+    """A view class as this version makes one: its attributes in the snapshot's order, and
+    the type of each whose fresh value is not None. A row of another shape is refused."""
+
+    def __init__(self, cls: type[View], fresh: dict[str, Any]) -> None:
+        self.cls, self.keys = cls, list(fresh)
+        self.types = [None if v is None else type(v) for v in fresh.values()]
+
+    @classmethod
+    def of(cls, columns: _Columns) -> _Shape:
+        view_class = VIEW_KINDS.get(columns.kind)
+        fresh = vars(view_class("")) if view_class is not None else {}
+        if view_class is None or columns.keys != list(fresh):
+            raise SnapshotRejected(f"not a view as this version makes one: {columns.kind!r} "
+                                   f"with {columns.keys!r}"[:200])
+        return cls(view_class, fresh)
+
+    def build(self, row: list[Any]) -> View:
+        values = row[1:]
+        if len(values) != len(self.keys) or any(
+                expected is not None and type(v) is not expected
+                for v, expected in zip(values, self.types, strict=True)):
+            raise SnapshotRejected(f"a row that is no {self.cls.__name__} of this version: "
+                                   f"{values[:1]!r}")
+        view = self.cls.__new__(self.cls)
+        vars(view).update(zip(self.keys, values, strict=True))
+        return view
 
 
 def object_name(sequence: int) -> str:
@@ -282,16 +377,18 @@ class Snapshots:
         except (TimeoutError, NatsError) as e:  # none yet (NotFound), or not reachable
             log.debug("no snapshots", error=describe(e))
             return None
-        candidates: list[tuple[int, str]] = []
+        candidates: list[tuple[int, ObjectInfo]] = []
         for info in infos:
             name = info.name or ""
             sequence = _sequence_of(name)
             if sequence is None:
                 self._ignore(name, FOREIGN, "another code version's, or no snapshot's name")
             elif at_most is None or sequence <= at_most:
-                candidates.append((sequence, name))
-        for sequence, name in sorted(candidates, reverse=True)[:SNAPSHOT_CANDIDATES]:
-            state = await self._read(store, name)
+                candidates.append((sequence, info))
+        candidates.sort(key=lambda candidate: candidate[0], reverse=True)
+        for sequence, info in candidates[:SNAPSHOT_CANDIDATES]:
+            name = info.name or ""
+            state = await self._read(info)
             if state is None:
                 continue
             if state.last_sequence != sequence:
@@ -300,18 +397,35 @@ class Snapshots:
             return state
         return None
 
-    async def _read(self, store: ObjectStore, name: str) -> ClusterState | None:
+    async def _read(self, info: ObjectInfo) -> ClusterState | None:
+        name = info.name or ""
         try:
-            got = await asyncio.wait_for(store.get(name), SNAPSHOT_READ_SECONDS)
+            data = await asyncio.wait_for(self._chunks(info), SNAPSHOT_READ_SECONDS)
         except (TimeoutError, NatsError) as e:
             self._ignore(name, UNREADABLE, describe(e))
             return None
+        if data is None:
+            self._ignore(name, UNREADABLE, "chunks lost to the ring, or not as its digest says")
+            return None
         try:
-            return decode_state(got.data or b"")
+            return decode_state(data)
         except SnapshotRejected as e:
             reason = FOREIGN if str(e).startswith("schema") else CORRUPT
             self._ignore(name, reason, str(e))
             return None
+
+    async def _chunks(self, info: ObjectInfo) -> bytes | None:
+        """The object's bytes, read as the object store keeps them (its chunks' subject) by
+        batched Direct Get; None when some are gone (the ring drops the oldest chunks first)
+        or they are not what its digest says."""
+        chunks = await read_all(self.nc, self.layout.read_snapshots_stream,
+                                f"$O.{self.layout.read_snapshots_bucket}.C.{info.nuid}")
+        data = b"".join(msg.data for msg in chunks)
+        digest = (info.digest or "").partition("=")[2]
+        if len(chunks) != info.chunks or len(data) != info.size or \
+                base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode() != digest:
+            return None
+        return data
 
     def _ignore(self, name: str, reason: str, detail: str) -> None:
         self.ignored[reason] += 1
