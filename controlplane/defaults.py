@@ -53,11 +53,3 @@ one pass."""
 FLEET_MIN_NODES: Final = 10
 """From this many simulated nodes on, `virtbus up` runs them as one fleet process
 (`python -m nodeagent fleet`) rather than a process each (some 60 MB apiece)."""
-DISPATCH_IN_FLIGHT: Final = 1024
-"""Node commands the dispatcher has published without their acknowledgement yet; past
-this, following the log waits for acknowledgements (a NATS that does not answer holds the
-dispatcher, not the control plane's memory)."""
-DISPATCH_CHECKPOINT_PERIOD_SECONDS: Final = 0.1
-"""The least time between two saves of the dispatcher's checkpoint: each save covers every
-event dispatched since the last (a crash re-dispatches at most that, which the node stream
-and the agents drop by event id)."""

@@ -100,7 +100,6 @@ class ControlLoop:
             self._wake_backoffs(stop),
             self._keep_work_consumers(stop),
             self._control(stop),
-            self.dispatcher.run(stop),
         )
 
     async def _watch_heartbeats(self, stop: asyncio.Event) -> None:

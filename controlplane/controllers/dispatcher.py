@@ -1,14 +1,9 @@
 """The dispatcher: the outbox that turns events into node work. Never a dual write.
 
 Events are appended first; the dispatcher follows the log from its checkpoint and publishes
-each node command with `Nats-Msg-Id` set to the event's id. Publishes are pipelined: following
-the log does not wait for their acknowledgements, but each node's commands are published one
-after the other, each once the one before is acknowledged (retried in place while NATS fails
-it), so a node's work stays in the log's order. The checkpoint is the last sequence whose
-work, and all work before it, is acknowledged; it is saved after a batch, at most every
-`DISPATCH_CHECKPOINT_PERIOD_SECONDS`. A crash before a save publishes again on restart, and
-JetStream's duplicate window drops the copy; past the window, the agent's own idempotence
-(by event id and VMI uid) still holds.
+each node command with `Nats-Msg-Id` set to the event's id, then moves the checkpoint. A
+crash in between publishes again on restart, and JetStream's duplicate window drops the
+copy; past the window, the agent's own idempotence (domains by name) still holds.
 
 | event                                   | node command                     |
 |-----------------------------------------|----------------------------------|
@@ -37,8 +32,6 @@ finds it gone. The agent only binds to it and pulls.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -48,12 +41,7 @@ from nats.aio.client import Client
 from nats.js.errors import APIError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from controlplane.defaults import (
-    DISPATCH_CHECKPOINT_PERIOD_SECONDS,
-    DISPATCH_IN_FLIGHT,
-    WORK_CONSUMERS_CHECK_SECONDS,
-)
-from events.aio import pause_unless_stopped, unless_stopped
+from controlplane.defaults import WORK_CONSUMERS_CHECK_SECONDS
 from events.api.vm import API_VERSION
 from events.codec import Event
 from events.messages import MigrationOrder, NodeCommand, NodeVerb
@@ -65,7 +53,7 @@ from events.migration import (
 from events.nodes import NodeRegistered
 from events.streams import work_consumer, work_consumer_config
 from events.subjects import Layout, split_aggregate_id
-from events.transient import is_transient, retry_until_stopped
+from events.transient import is_transient
 from events.vm import (
     NODE_UNRESPONSIVE,
     VirtualMachineInstanceDeletionRequested,
@@ -153,18 +141,6 @@ class WorkConsumers:
                 return names
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Publish:
-    """One node command to publish, and the event it is for."""
-
-    sequence: int
-    event: Event
-    node: str
-    verb: str
-    body: NodeCommand
-    msg_id: str
-
-
 class Dispatcher:
     def __init__(self, nc: Client, layout: Layout) -> None:
         self.nc = nc
@@ -172,19 +148,7 @@ class Dispatcher:
         self.js = nc.jetstream()
         self.consumers = WorkConsumers(nc, layout)
         self.position = 0
-        """The last event followed: its work, and all before it, is published or under way."""
-        self.saved = 0
-        """The checkpoint as last saved."""
         self._checkpoints: KeyValue | None = None
-        self._stop = asyncio.Event()
-        self._unacked: dict[int, int] = {}
-        """Publishes not acknowledged yet, by event sequence (in the log's order)."""
-        self._last_send: dict[str, asyncio.Future[None]] = {}
-        """Each node's latest publish, which its next one waits for."""
-        self._slots = asyncio.Semaphore(DISPATCH_IN_FLIGHT)
-        self._acked = asyncio.Event()
-        self._failed: BaseException | None = None
-        """A publish NATS refused for good: raised where the dispatcher is awaited."""
 
     async def load_checkpoint(self) -> int:
         """Where dispatch stopped last time; also binds the bucket once for every save."""
@@ -195,100 +159,33 @@ class Dispatcher:
             self.position = 0
         else:
             self.position = int(entry.value or b"0")
-        self.saved = self.position
         return self.position
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Save the checkpoint as publishes are acknowledged, a batch at a time, until
-        `stop`; raise what NATS refused a publish for good."""
-        self._stop = stop
-        while not stop.is_set():
-            await pause_unless_stopped(stop, DISPATCH_CHECKPOINT_PERIOD_SECONDS)
-            if not await unless_stopped(self._acked.wait(), stop):
-                return
-            self._acked.clear()
-            self._raise_failure()
-            await retry_until_stopped(self._save_progress, "saving the dispatcher's checkpoint",
-                                      stop)
-
     async def on_event(self, sequence: int, event: Event, state: ClusterState) -> None:
-        """Hand the event's node work over to its nodes' publishers (waiting only while
-        `DISPATCH_IN_FLIGHT` publishes are unacknowledged)."""
         if sequence <= self.position:
             return
-        self._raise_failure()
         if isinstance(event, NodeRegistered):
             await self.consumers.ensure(split_aggregate_id(event.originator_id)[2])
         work = self.node_commands(event, state)
-        for _ in work:
-            await self._slots.acquire()
-        if work:
-            self._unacked[sequence] = len(work)
         for node, verb, body in work:
+            await self.consumers.ensure(node)
+            subject = self.layout.node_subject(node, verb)
             msg_id = str(event.id) if len(work) == 1 else f"{event.id}:{verb}"
-            self._last_send[node] = asyncio.ensure_future(self._send(
-                self._last_send.get(node), _Publish(sequence, event, node, verb, body, msg_id)))
+            await self.js.publish(subject, _encode(body), headers={"Nats-Msg-Id": msg_id})
+            log.info("dispatched", node=node, verb=verb, vmi=body.name,
+                     namespace=body.namespace, event_sequence=sequence,
+                     correlation_id=event.correlation_id, command_id=event.causation_id)
+        if work:
+            await self._save(sequence)
         self.position = sequence
-        if not work:
-            self._acked.set()  # the checkpoint may move on past it
 
     async def flush(self) -> None:
-        """Wait for every publish handed over, then save the position."""
-        await asyncio.gather(*self._last_send.values())
-        self._raise_failure()
-        await self._save_progress()
+        """Persist the position after a run of events that needed no dispatch."""
+        await self._save(self.position)
 
-    def checkpoint(self) -> int:
-        """The last sequence whose work, and all work before it, is acknowledged."""
-        for sequence in self._unacked:
-            return sequence - 1
-        return self.position
-
-    async def _send(self, before: asyncio.Future[None] | None, work: _Publish) -> None:
-        """Publish one node command once the node's one before it is acknowledged; what
-        NATS fails for a moment is tried again here until the dispatcher stops."""
-        try:
-            if before is not None:
-                await before
-            node, body, event = work.node, work.body, work.event
-            subject = self.layout.node_subject(node, work.verb)
-
-            async def publish() -> None:
-                await self.consumers.ensure(node)
-                await self.js.publish(subject, _encode(body),
-                                      headers={"Nats-Msg-Id": work.msg_id})
-
-            await retry_until_stopped(publish, "dispatching", self._stop, node=node,
-                                      event_sequence=work.sequence)
-            if self._stop.is_set():
-                return  # maybe not published: the next leader dispatches it from the checkpoint
-            log.info("dispatched", node=node, verb=work.verb, vmi=body.name,
-                     namespace=body.namespace, event_sequence=work.sequence,
-                     correlation_id=event.correlation_id, command_id=event.causation_id)
-            left = self._unacked[work.sequence] - 1
-            if left:
-                self._unacked[work.sequence] = left
-            else:
-                del self._unacked[work.sequence]
-            self._acked.set()
-        except Exception as e:
-            self._failed = self._failed or e
-            self._acked.set()
-        finally:
-            self._slots.release()
-            if self._last_send.get(work.node) is asyncio.current_task():
-                del self._last_send[work.node]
-
-    def _raise_failure(self) -> None:
-        if self._failed is not None:
-            raise self._failed
-
-    async def _save_progress(self) -> None:
-        checkpoint = self.checkpoint()
-        if checkpoint > self.saved:
-            assert self._checkpoints is not None, "load_checkpoint() first"
-            await self._checkpoints.put(CHECKPOINT_KEY, str(checkpoint).encode())
-            self.saved = checkpoint
+    async def _save(self, sequence: int) -> None:
+        assert self._checkpoints is not None, "load_checkpoint() first"
+        await self._checkpoints.put(CHECKPOINT_KEY, str(sequence).encode())
 
     @staticmethod
     def node_commands(event: Event, state: ClusterState) -> list[tuple[str, str, NodeCommand]]:
