@@ -5,9 +5,13 @@ fleet of simulated nodes) on a fresh nats-server, VMs applied at a steady rate.
 
 One JSON line: `all_running_s` (first apply to last VMI Running), `decisions_per_s`
 (VMIs scheduled per second while scheduling went on), `create_to_running_p50_ms`/`p95`/`p99`
-(apply sent to its VMI Running, as the log says it), `max_controller_lag_ms` (an event to
-the controller's answer in the log: VM created to its VMI created, VMI created to it
-scheduled), `peak_rss_mb_<process>` (controlplane, projections, fleet, nats, bench),
+(apply sent to its VMI Running, as the log says it), `max_controller_lag_ms` (the largest
+delay between an event and the control plane acting on it: from the event's time in the log
+to the time of the controller's answering event in the log, VM created to its VMI created
+and VMI created to it scheduled, or to the dispatcher's launch reaching the node stream,
+VMI scheduled to its launch published; the answer's time is when it was decided, so a
+command waiting to be written counts), `max_dispatch_lag_ms` (the last alone),
+`peak_rss_mb_<process>` (controlplane, projections, fleet, nats, bench),
 `events` in the log, the control plane's cold restart to live with and without snapshots
 (`restart_live_s_snapshots`, `restart_live_s_no_snapshots`), `get_at_ms` /
 `get_at_ms_no_snapshots` (the worst of a few past instants; null when one went unanswered
@@ -27,10 +31,12 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
+from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from bench.common import Figures, percentile, positive
@@ -41,6 +47,7 @@ from events.codec import Event
 from events.connect import Access
 from events.directget import read_all
 from events.logs import configure
+from events.messages import NodeCommand
 from events.server import EmbeddedNats, free_port
 from events.streams import prepare_streams
 from events.subjects import Layout, split_aggregate_id
@@ -57,6 +64,7 @@ from projections.snapshots import Snapshots
 NAMESPACE = "scale"
 POLL_SECONDS = 0.05
 """How often the bench looks at what it waits for (a process's log, the cluster)."""
+_decode_node_command = msgspec.msgpack.Decoder(NodeCommand).decode
 LIVE_LINE = '"control loop live"'
 INSTANTS = 4
 """Past instants `get --at` is timed at, spread over the log."""
@@ -79,6 +87,7 @@ class Timeline:
         self.vmi_created: dict[str, datetime] = {}
         self.scheduled: dict[str, datetime] = {}
         self.running: dict[str, float] = {}
+        self.launched: dict[str, datetime] = {}
         self.changed = asyncio.Event()
 
     async def on_event(self, _sequence: int, event: Event) -> None:
@@ -95,18 +104,28 @@ class Timeline:
             self.running.setdefault(name, time.monotonic())
             self.changed.set()
 
+    async def on_node_work(self, msg: Msg) -> None:
+        """A node command as the dispatcher published it: launches are timed."""
+        command = _decode_node_command(msg.data)
+        if command.verb == "launch" and command.namespace == NAMESPACE:
+            self.launched.setdefault(command.name, datetime.now(UTC))
+
     def lags(self) -> list[float]:
-        """Seconds from each event to the controller's answer to it."""
-        out = [(self.vmi_created[n] - t).total_seconds()
-               for n, t in self.vm_created.items() if n in self.vmi_created]
-        out += [(self.scheduled[n] - t).total_seconds()
-                for n, t in self.vmi_created.items() if n in self.scheduled]
-        return out
+        """Seconds from each event to the controllers' answer to it."""
+        return [*_delays(self.vm_created, self.vmi_created),
+                *_delays(self.vmi_created, self.scheduled), *self.dispatch_lags()]
+
+    def dispatch_lags(self) -> list[float]:
+        return _delays(self.scheduled, self.launched)
 
     def decisions_per_s(self) -> float:
         times = sorted(self.scheduled.values())
         seconds = (times[-1] - times[0]).total_seconds() if len(times) > 1 else 0.0
         return len(times) / seconds if seconds > 0 else 0.0
+
+
+def _delays(events: dict[str, datetime], answers: dict[str, datetime]) -> list[float]:
+    return [(answers[n] - t).total_seconds() for n, t in events.items() if n in answers]
 
 
 async def until(probe: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
@@ -210,6 +229,7 @@ async def measure(args: argparse.Namespace, data: Path, server: EmbeddedNats) ->
 
             await until(nodes_ready, args.timeout, "every node Ready")
             timeline = Timeline()
+            node_work = await vb.nc.subscribe(layout.node_work, cb=timeline.on_node_work)
             following = asyncio.ensure_future(follow(
                 vb.nc, layout, timeline.on_event, start=await head(vb.nc, layout) + 1,
                 stop=stop))
@@ -228,6 +248,7 @@ async def measure(args: argparse.Namespace, data: Path, server: EmbeddedNats) ->
             rss = {f"peak_rss_mb_{name}": peak_rss_mb(pid) for name, pid in pids.items()}
             stop.set()
             await following
+            await node_work.unsubscribe()
 
             last = await head(vb.nc, layout)
             raw_began = time.perf_counter()
@@ -250,7 +271,7 @@ async def measure(args: argparse.Namespace, data: Path, server: EmbeddedNats) ->
         stop.set()
         for child in reversed(procs.values()):
             child.stop()
-    lags = timeline.lags()
+    lags, dispatch_lags = timeline.lags(), timeline.dispatch_lags()
     return {
         "nodes": args.nodes, "vms": args.vms, "rate": args.rate, "events": last,
         "all_running_s": round(all_running_s, 2),
@@ -258,6 +279,7 @@ async def measure(args: argparse.Namespace, data: Path, server: EmbeddedNats) ->
         **{f"create_to_running_p{q}_ms": round(percentile(latencies, q) * 1000, 1)
            for q in (50, 95, 99)},
         "max_controller_lag_ms": round(max(lags) * 1000, 1) if lags else 0.0,
+        "max_dispatch_lag_ms": round(max(dispatch_lags) * 1000, 1) if dispatch_lags else 0.0,
         **rss,
         "restart_live_s_snapshots": round(restart_snapshots, 2),
         "restart_live_s_no_snapshots": round(restart_plain, 2),

@@ -113,7 +113,7 @@ def _stream_configs(layout: Layout, replicas: int) -> list[StreamConfig]:
         ),
         StreamConfig(
             name=layout.node_stream,
-            subjects=[f"{layout.prefix}.node.>"],
+            subjects=[layout.node_work],
             retention=RetentionPolicy.WORK_QUEUE,
             duplicate_window=NODE_DEDUPE_WINDOW,
             num_replicas=replicas,

@@ -188,6 +188,11 @@ class Layout(msgspec.Struct, frozen=True):
     def node_subject(self, node: str, verb: str) -> str:
         return f"{self.prefix}.node.{encode_token(node)}.{verb}"
 
+    @property
+    def node_work(self) -> str:
+        """Every node's work: the node stream's subjects."""
+        return f"{self.prefix}.node.>"
+
     def node_filter(self, node: str) -> str:
         return f"{self.prefix}.node.{encode_token(node)}.>"
 

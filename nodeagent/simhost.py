@@ -40,6 +40,10 @@ class SimulatedHost:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path).absolute()
         self._saving = threading.Lock()
+        self._parts: dict[str, tuple[_Seen, str]] = {}
+        """Each domain's part of the file as last written, by uuid, with what it was seen
+        as then: a save reads again only the domains that changed since (a host of a
+        hundred guests would otherwise read and format every one for each change)."""
 
     @property
     def uri(self) -> str:
@@ -52,15 +56,20 @@ class SimulatedHost:
     def save(self, conn: libvirt.virConnect) -> None:
         """Write the connection's active domains, each with its runstate, atomically."""
         with self._saving:
-            parts = ["<node>\n"]
+            parts: dict[str, tuple[_Seen, str]] = {}
             for dom in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
                 try:
-                    parts.append(_with_runstate(dom))
+                    uuid = dom.UUIDString()
+                    seen = (dom.ID(), dom.state()[0], bool(dom.isPersistent()))
+                    known = self._parts.get(uuid)
+                    parts[uuid] = known if known is not None and known[0] == seen else (
+                        seen, _with_runstate(dom, seen))
                 except libvirt.libvirtError as err:
                     if not is_no_domain(err):
                         raise  # else: undefined while we looked; the next save agrees
-            parts.append("</node>\n")
-            self._write("".join(parts))
+            self._write("".join(["<node>\n", *(part for _, part in parts.values()),
+                                 "</node>\n"]))
+            self._parts = parts
 
     def _write(self, text: str) -> None:
         """Replace the file whole: a reader (the next agent) sees the old host or the new
@@ -73,12 +82,18 @@ class SimulatedHost:
         os.replace(tmp, self.path)
 
 
-def _with_runstate(dom: libvirt.virDomain) -> str:
+_Seen = tuple[int, int, bool]
+"""What a domain's part of the file is kept for: its id (a domain started again, even under
+the same uuid, has a new one), its state and whether it is persistent. The agent changes a
+running domain's live XML by none of its calls, only by starting a domain anew."""
+
+
+def _with_runstate(dom: libvirt.virDomain, seen: _Seen) -> str:
     """The domain's XML with its state as the test driver reads it back."""
+    _, state, persistent = seen
     xml = dom.XMLDesc(0)
-    state = dom.state()[0]
     marks = f"<test:runstate xmlns:test='{TEST_NAMESPACE}'>{state}</test:runstate>"
-    if not dom.isPersistent():
+    if not persistent:
         marks += f"<test:transient xmlns:test='{TEST_NAMESPACE}'/>"
     end = xml.rindex("</domain>")
     return f"{xml[:end]}  {marks}\n{xml[end:]}"

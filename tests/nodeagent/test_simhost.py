@@ -71,3 +71,32 @@ def test_sim_state_is_refused_off_the_default_test_driver(uri: str, tmp_path: Pa
     assert "error: --sim-state keeps a simulated host in a file and needs --libvirt-uri " \
            f"test:///default, not '{uri}'" in run.stderr
     assert not (tmp_path / "host.xml").exists()
+
+
+def test_each_save_writes_what_changed_since_the_last(tmp_path: Path) -> None:
+    """Saves reuse each unchanged guest's part of the file: one paused since, and one started
+    anew under the same uuid (another VMI with the same firmware uuid) between two saves,
+    are written as they are now."""
+    quiet_libvirt_errors()
+    host = SimulatedHost(tmp_path / "host.xml")
+    conn = libvirt.open(host.uri)
+    try:
+        conn.defineXML(guest("paused")).create()
+        first = guest("again")
+        conn.defineXML(first).create()
+        host.save(conn)
+        conn.lookupByName("paused").suspend()
+        old = conn.lookupByName("again")
+        old.destroy()
+        old.undefine()
+        conn.defineXML(first.replace("uid='uid-again'", "uid='uid-new'")).create()
+        host.save(conn)
+    finally:
+        conn.close()
+
+    again = libvirt.open(host.uri)
+    try:
+        assert again.lookupByName("paused").state()[0] == libvirt.VIR_DOMAIN_PAUSED
+        assert vmi_of(again.lookupByName("again"), "virtbus") == VMIRef("ns", "again", "uid-new")
+    finally:
+        again.close()
