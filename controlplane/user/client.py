@@ -61,7 +61,7 @@ from events.query import (
     WatchQuery,
     ask_verb,
 )
-from events.subjects import DEFAULT_PREFIX, Layout
+from events.subjects import DEFAULT_PREFIX, Layout, encode_token
 from events.transient import retry_within
 from projections.cluster import ClusterState
 from projections.eviction import DrainProgress, drain_progress
@@ -128,6 +128,9 @@ class Client:
         self.actor = actor
         self.js = nc.jetstream()
         self._outcomes: KeyValue | None = None
+        self._outcome_sub: Any = None
+        self._awaited: dict[str, asyncio.Future[Msg]] = {}
+        """Outcomes awaited, by their bucket subject: one subscription serves them all."""
 
     @classmethod
     async def connect(cls, access: Access | str, prefix: str = DEFAULT_PREFIX,
@@ -172,33 +175,47 @@ class Client:
     async def outcome(self, command_id: str,
                       timeout: float = COMMAND_AWAIT_TIMEOUT_SECONDS) -> Outcome:
         """The command's one outcome: already stored, or as soon as it is."""
-        arrival, sub = await self._expect_outcome(command_id)
+        subject, arrival = await self._expect_outcome(command_id)
         try:
             return await self._settle(command_id, arrival, timeout, stored_first=True)
         finally:
-            await sub.unsubscribe()
+            self._awaited.pop(subject, None)
 
     async def run(self, command: Command, *, check: bool = True) -> Outcome:
         """Submit and await the one outcome; raise CommandRejected if `check` and refused.
 
-        The outcome's arrival is subscribed to before the command is sent, on the outcome's
-        own bucket subject: no watcher (a server-side consumer) per command."""
-        arrival, sub = await self._expect_outcome(command.id)
+        The outcome's arrival is expected before the command is sent, on the outcome's own
+        bucket subject: no watcher (a server-side consumer) per command, and no subscription
+        either (`_expect_outcome`)."""
+        subject, arrival = await self._expect_outcome(command.id)
         try:
             duplicate = await self.submit(command)
             outcome = await self._settle(command.id, arrival,
                                          COMMAND_AWAIT_TIMEOUT_SECONDS, stored_first=duplicate)
         finally:
-            await sub.unsubscribe()
+            self._awaited.pop(subject, None)
         if check and not outcome.accepted:
             raise CommandRejected(outcome)
         return outcome
 
-    async def _expect_outcome(self, command_id: str) -> tuple[asyncio.Future[Msg], Any]:
+    async def _expect_outcome(self, command_id: str) -> tuple[str, asyncio.Future[Msg]]:
+        """(the outcome's bucket subject, its arrival): the client's one subscription to its
+        own outcomes (`<actor>.*`, what its user may read) hands each to whoever awaits it,
+        and nothing to anyone else. A SUB and an UNSUB per command cost the client and the
+        server more than the command's own publish."""
+        bucket = f"$KV.{self.layout.outcomes_bucket}"
+        if self._outcome_sub is None:
+            self._outcome_sub = await self.nc.subscribe(
+                f"{bucket}.{encode_token(self.actor)}.*", cb=self._outcome_arrived)
         arrival: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        subject = f"$KV.{self.layout.outcomes_bucket}.{outcome_key(self.actor, command_id)}"
-        sub = await self.nc.subscribe(subject, future=arrival, max_msgs=1)
-        return arrival, sub
+        subject = f"{bucket}.{outcome_key(self.actor, command_id)}"
+        self._awaited[subject] = arrival
+        return subject, arrival
+
+    async def _outcome_arrived(self, msg: Msg) -> None:
+        arrival = self._awaited.get(msg.subject)
+        if arrival is not None and not arrival.done():
+            arrival.set_result(msg)
 
     async def _settle(self, command_id: str, arrival: asyncio.Future[Msg], timeout: float, *,
                       stored_first: bool) -> Outcome:
