@@ -32,7 +32,8 @@ line per attempt, in every start-up query, report, record, pull and heartbeat.
 
 At start (and when a simulated agent stop ends) it reconciles as virt-handler does: it asks
 the read service which VMIs the cluster placed on this node, reports those that ran here
-but have no domain any more as gone, and removes domains that no active VMI here owns.
+but have no domain any more as gone, and removes domains that no active VMI here owns (a
+prepared incoming migration's guest excepted).
 A domain that stops on its own (guest poweroff, crash) is removed once reported, so the
 VMI's replacement can take its name.
 
@@ -369,7 +370,9 @@ class NodeAgent:
                     await self.report_domain(ref, GuestPhase.FAILED, DOMAIN_MISSING_REASON,
                                              gone=True)
             for ref in list(self.domains.values()):
-                if ref.uid not in assigned:
+                # A prepared migration's guest is the migration's to settle (its finish, its
+                # cleanup, or its VMI moving here): libvirt may have handed it over already.
+                if ref.uid not in assigned and ref.uid not in self.migrations.book.incoming:
                     self.log.warning("removing a domain no active VMI here owns", vmi=ref.name,
                                      namespace=ref.namespace, uid=ref.uid)
                     await self._nats(functools.partial(

@@ -367,6 +367,29 @@ async def test_a_target_back_after_succeeded_starts_the_guest(pair: Pair) -> Non
         await second.close()
 
 
+async def test_a_target_back_before_the_log_moved_the_vmi_keeps_the_guest(pair: Pair) -> None:
+    """libvirt handed the guest to the target (its domain runs there) and the target's agent
+    stopped before the source's converged report moved the VMI: the next agent finds a
+    domain whose VMI the log still places on the source. It is the prepared migration's to
+    settle, not a stray: removing it would leave the guest running nowhere."""
+    reports = await reports_of(pair.source)
+    ref = await pair.source.placed("handed-over")
+    order = pair.order()
+    first = await pair.agent(pair.target)
+    try:
+        await do(pair.target, first, work("migrate-prepare", ref, order, vmi(ref)))
+        await next_report(reports, migration_report(pair.target.node, "target-ready"))
+        await first.agent._launch(vmi(ref), ref)  # as libvirt's hand-over defines it here
+    finally:
+        await first.close()
+    second = await pair.agent(pair.target)
+    try:
+        assert guests(second) == {ref.uid: libvirt.VIR_DOMAIN_RUNNING}
+        assert ref.uid in second.agent.migrations.book.incoming
+    finally:
+        await second.close()
+
+
 async def test_a_failed_migration_leaves_the_target_empty(pair: Pair) -> None:
     """A prepared target holds the guest's devices, also after a restart; cleanup after
     Failed: the prepared migration and its devices go, and nothing ever ran there."""
