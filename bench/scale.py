@@ -11,6 +11,8 @@ to the time of the controller's answering event in the log, VM created to its VM
 and VMI created to it scheduled, or to the dispatcher's launch reaching the node stream,
 VMI scheduled to its launch published; the answer's time is when it was decided, so a
 command waiting to be written counts), `max_dispatch_lag_ms` (the last alone),
+`step_<step>_p50_ms` / `_max_ms` (each step's median and largest: VM created to VMI created, VMI
+created to scheduled, scheduled to launch published, launch to Running),
 `peak_rss_mb_<process>` (controlplane, projections, fleet, nats, bench),
 `events` in the log, the control plane's cold restart to live with and without snapshots
 (`restart_live_s_snapshots`, `restart_live_s_no_snapshots`), `get_at_ms` /
@@ -87,6 +89,7 @@ class Timeline:
         self.vmi_created: dict[str, datetime] = {}
         self.scheduled: dict[str, datetime] = {}
         self.running: dict[str, float] = {}
+        self.running_at: dict[str, datetime] = {}
         self.launched: dict[str, datetime] = {}
         self.changed = asyncio.Event()
 
@@ -102,6 +105,7 @@ class Timeline:
             self.scheduled.setdefault(name, event.timestamp)
         elif isinstance(event, VirtualMachineInstancePhaseChanged) and event.phase == "Running":
             self.running.setdefault(name, time.monotonic())
+            self.running_at.setdefault(name, event.timestamp)
             self.changed.set()
 
     async def on_node_work(self, msg: Msg) -> None:
@@ -114,6 +118,14 @@ class Timeline:
         """Seconds from each event to the controllers' answer to it."""
         return [*_delays(self.vm_created, self.vmi_created),
                 *_delays(self.vmi_created, self.scheduled), *self.dispatch_lags()]
+
+    def steps(self) -> dict[str, list[float]]:
+        """Seconds each VM spent in each step of its way to Running, as the log times them
+        (the launch as the node stream got it): where a run's time goes."""
+        return {"vm_to_vmi": _delays(self.vm_created, self.vmi_created),
+                "vmi_to_scheduled": _delays(self.vmi_created, self.scheduled),
+                "scheduled_to_launch": self.dispatch_lags(),
+                "launch_to_running": _delays(self.launched, self.running_at)}
 
     def dispatch_lags(self) -> list[float]:
         return _delays(self.scheduled, self.launched)
@@ -280,6 +292,9 @@ async def measure(args: argparse.Namespace, data: Path, server: EmbeddedNats) ->
            for q in (50, 95, 99)},
         "max_controller_lag_ms": round(max(lags) * 1000, 1) if lags else 0.0,
         "max_dispatch_lag_ms": round(max(dispatch_lags) * 1000, 1) if dispatch_lags else 0.0,
+        **{f"step_{step}_{figure}_ms": round(value * 1000, 1)
+           for step, seconds in timeline.steps().items() if seconds
+           for figure, value in (("p50", percentile(seconds, 50)), ("max", max(seconds)))},
         **rss,
         "restart_live_s_snapshots": round(restart_snapshots, 2),
         "restart_live_s_no_snapshots": round(restart_plain, 2),
