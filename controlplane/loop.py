@@ -1,5 +1,6 @@
 """The control loop: one pass over the log feeds the read model and the dispatcher, in that
-order, so both see the same state at the same point; the controllers follow a batch at a
+order, so both see the same state at the same point (the dispatcher queues its node work
+there and publishes it on its own task); the controllers follow a batch at a
 time (every event folded since their last batch), their commands executed together and
 folded in before the next batch, so appends are pipelined while the log is still read.
 
@@ -100,6 +101,7 @@ class ControlLoop:
             self._wake_backoffs(stop),
             self._keep_work_consumers(stop),
             self._control(stop),
+            self.dispatcher.run(stop),
         )
 
     async def _watch_heartbeats(self, stop: asyncio.Event) -> None:

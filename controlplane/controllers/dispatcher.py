@@ -5,6 +5,13 @@ each node command with `Nats-Msg-Id` set to the event's id, then moves the check
 crash in between publishes again on restart, and JetStream's duplicate window drops the
 copy; past the window, the agent's own idempotence (domains by name) still holds.
 
+Following the log only queues the work (so the read model and the controllers never wait
+for a publish); `run` publishes what is queued a batch at a time: each node's commands one
+after the other in the log's order, each acknowledged before the next (a publish NATS fails
+for a moment is tried again in place), the nodes side by side; then one checkpoint write
+for the whole batch, never past work not yet acknowledged. A full queue is drained by the
+follower itself, so the queue is bounded whether `run` runs or not.
+
 | event                                   | node command                     |
 |-----------------------------------------|----------------------------------|
 | VirtualMachineInstanceScheduled         | launch on that node              |
@@ -32,7 +39,9 @@ finds it gone. The agent only binds to it and pulls.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -41,7 +50,8 @@ from nats.aio.client import Client
 from nats.js.errors import APIError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from controlplane.defaults import WORK_CONSUMERS_CHECK_SECONDS
+from controlplane.defaults import DISPATCH_QUEUE, WORK_CONSUMERS_CHECK_SECONDS
+from events.aio import unless_stopped
 from events.api.vm import API_VERSION
 from events.codec import Event
 from events.messages import MigrationOrder, NodeCommand, NodeVerb
@@ -53,7 +63,7 @@ from events.migration import (
 from events.nodes import NodeRegistered
 from events.streams import work_consumer, work_consumer_config
 from events.subjects import Layout, split_aggregate_id
-from events.transient import is_transient
+from events.transient import is_transient, retry_until_stopped
 from events.vm import (
     NODE_UNRESPONSIVE,
     VirtualMachineInstanceDeletionRequested,
@@ -141,6 +151,18 @@ class WorkConsumers:
                 return names
 
 
+@dataclass(frozen=True, slots=True)
+class _Work:
+    """One node command to publish, and the event it is for."""
+
+    sequence: int
+    event: Event
+    node: str
+    verb: str
+    body: NodeCommand
+    msg_id: str
+
+
 class Dispatcher:
     def __init__(self, nc: Client, layout: Layout) -> None:
         self.nc = nc
@@ -148,7 +170,14 @@ class Dispatcher:
         self.js = nc.jetstream()
         self.consumers = WorkConsumers(nc, layout)
         self.position = 0
+        """The last event followed: its work, and all before it, is published or queued."""
         self._checkpoints: KeyValue | None = None
+        self._queue: list[_Work] = []
+        """Work to publish, in the log's order."""
+        self._queued = asyncio.Event()
+        self._draining = asyncio.Lock()
+        """One batch at a time, so a node's commands go out in the log's order."""
+        self._stop = asyncio.Event()
 
     async def load_checkpoint(self) -> int:
         """Where dispatch stopped last time; also binds the bucket once for every save."""
@@ -161,27 +190,75 @@ class Dispatcher:
             self.position = int(entry.value or b"0")
         return self.position
 
+    async def run(self, stop: asyncio.Event) -> None:
+        """Publish the queued work as it comes, a batch at a time, until `stop`; what NATS
+        refuses for good is raised here."""
+        self._stop = stop
+        while await unless_stopped(self._queued.wait(), stop):
+            await self._drain()
+
     async def on_event(self, sequence: int, event: Event, state: ClusterState) -> None:
+        """Queue the event's node work (decided on `state` as it is now); publish the queue
+        here when it is full."""
         if sequence <= self.position:
             return
         if isinstance(event, NodeRegistered):
             await self.consumers.ensure(split_aggregate_id(event.originator_id)[2])
         work = self.node_commands(event, state)
+        if work and len(self._queue) >= DISPATCH_QUEUE:
+            await self._drain()
         for node, verb, body in work:
-            await self.consumers.ensure(node)
-            subject = self.layout.node_subject(node, verb)
             msg_id = str(event.id) if len(work) == 1 else f"{event.id}:{verb}"
-            await self.js.publish(subject, _encode(body), headers={"Nats-Msg-Id": msg_id})
-            log.info("dispatched", node=node, verb=verb, vmi=body.name,
-                     namespace=body.namespace, event_sequence=sequence,
-                     correlation_id=event.correlation_id, command_id=event.causation_id)
-        if work:
-            await self._save(sequence)
+            self._queue.append(_Work(sequence, event, node, verb, body, msg_id))
+            self._queued.set()
         self.position = sequence
 
     async def flush(self) -> None:
-        """Persist the position after a run of events that needed no dispatch."""
-        await self._save(self.position)
+        """Publish everything queued, then persist the position (past a run of events that
+        needed no dispatch too)."""
+        if await self._drain():
+            await self._save(self.position)
+
+    async def _drain(self) -> bool:
+        """Publish what is queued, then save the checkpoint: the position when the batch was
+        taken, whose work is all in it or published before. False if stopped first: the
+        checkpoint is left where it was and the batch queued again (its copies already
+        published are dropped by their ids)."""
+        async with self._draining:
+            self._queued.clear()
+            batch, self._queue, position = self._queue, [], self.position
+            if not batch:
+                return True
+            by_node: dict[str, list[_Work]] = {}
+            for work in batch:
+                by_node.setdefault(work.node, []).append(work)
+            sent = await asyncio.gather(*[self._publish(node, works)
+                                          for node, works in by_node.items()])
+            if not all(sent):
+                self._queue[:0] = batch  # for whoever drains next: nothing is skipped
+                return False
+            await self._save(position)
+            return True
+
+    async def _publish(self, node: str, works: list[_Work]) -> bool:
+        """`node`'s commands, one after the other; False if stopped before all were
+        acknowledged."""
+        subject_of = self.layout.node_subject
+        for work in works:
+            async def publish(work: _Work = work) -> bool:
+                await self.consumers.ensure(node)
+                await self.js.publish(subject_of(node, work.verb), _encode(work.body),
+                                      headers={"Nats-Msg-Id": work.msg_id})
+                return True
+
+            if not await retry_until_stopped(publish, "dispatching", self._stop, node=node,
+                                             event_sequence=work.sequence):
+                return False
+            body, event = work.body, work.event
+            log.info("dispatched", node=node, verb=work.verb, vmi=body.name,
+                     namespace=body.namespace, event_sequence=work.sequence,
+                     correlation_id=event.correlation_id, command_id=event.causation_id)
+        return True
 
     async def _save(self, sequence: int) -> None:
         assert self._checkpoints is not None, "load_checkpoint() first"

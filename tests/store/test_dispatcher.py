@@ -8,17 +8,19 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 from nats.aio.client import Client as Nats
-from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.errors import NotFoundError
+from nats.js.api import AckPolicy, ConsumerConfig, RawStreamMsg
+from nats.js.errors import KeyNotFoundError, NotFoundError
+from structlog.testing import capture_logs
 
-from controlplane.controllers.dispatcher import Dispatcher, WorkConsumers
+from controlplane.controllers.dispatcher import CHECKPOINT_KEY, Dispatcher, WorkConsumers
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
 from events.connect import connect
 from events.directget import read_all, sequence
-from events.messages import Command
+from events.messages import Command, NodeCommand
 from events.streams import ensure_all, work_consumer, work_consumer_config
 from events.subjects import Layout
 from projections.cluster import ClusterState
@@ -27,6 +29,7 @@ from tests.store.helpers import register_command
 from tests.system.harness import eventually
 
 WINDOW = 0.1
+_decode_node_command = msgspec.msgpack.Decoder(NodeCommand).decode
 SET_BY_THE_SERVER = ("deliver_policy", "max_waiting", "replay_policy", "max_ack_pending",
                      "num_replicas", "inactive_threshold", "mem_storage", "metadata")
 
@@ -45,10 +48,11 @@ async def nc(nats_url: str, prefix: str) -> AsyncIterator[Nats]:
         await client.close()
 
 
-async def dispatch_the_log(nc: Nats, layout: Layout) -> None:
+async def dispatch_the_log(nc: Nats, layout: Layout,
+                           dispatcher: Dispatcher | None = None) -> None:
     """One dispatcher's life: from its checkpoint over the whole log, as the control loop
     starts it."""
-    dispatcher = Dispatcher(nc, layout)
+    dispatcher = dispatcher or Dispatcher(nc, layout)
     await dispatcher.load_checkpoint()
     state = ClusterState()
     for msg in await read_all(nc, layout.events_stream, layout.events_filter()):
@@ -57,6 +61,34 @@ async def dispatch_the_log(nc: Nats, layout: Layout) -> None:
             state.apply(event, sequence(msg))
             await dispatcher.on_event(sequence(msg), event, state)
     await dispatcher.flush()
+
+
+def vmi_command(name: str, verb: str, manifest: dict[str, object]) -> Command:
+    return Command(id=str(uuid.uuid4()), actor="system:controller:scheduler",
+                   kind="VirtualMachineInstance", verb=verb, namespace="default", name=name,
+                   manifest=manifest)
+
+
+def vmi_manifest(name: str) -> dict[str, object]:
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"domain": {"resources": {"requests": {"memory": "64Mi"}}}}}
+
+
+async def node_work(nc: Nats, layout: Layout) -> list[RawStreamMsg]:
+    """The node stream's messages, in order (it answers no Direct Get)."""
+    js = nc.jetstream()
+    last = (await js.stream_info(layout.node_stream)).state.last_seq
+    return [await js.get_msg(layout.node_stream, seq) for seq in range(1, last + 1)]
+
+
+async def checkpoint(nc: Nats, layout: Layout) -> int:
+    try:
+        entry = await (await nc.jetstream().key_value(layout.checkpoints_bucket)).get(
+            CHECKPOINT_KEY)
+    except KeyNotFoundError:
+        return 0
+    return int(entry.value or b"0")
 
 
 async def test_a_restarted_dispatcher_publishes_nothing_twice(nc: Nats, prefix: str) -> None:
@@ -80,6 +112,78 @@ async def test_a_restarted_dispatcher_publishes_nothing_twice(nc: Nats, prefix: 
     await asyncio.sleep(WINDOW * 2)  # past the node stream's dedupe: only the checkpoint
     await dispatch_the_log(nc, layout)  # the control plane started again
     assert (await js.stream_info(layout.node_stream)).state.messages == 1
+
+
+async def test_each_nodes_work_goes_out_in_the_logs_order_while_the_log_is_followed(
+        nc: Nats, prefix: str) -> None:
+    """Publishing runs on its own task, a batch at a time, nodes side by side: each node
+    still gets its commands in the log's order (every launch before its VMI's stop)."""
+    layout = Layout(prefix)
+    writer = Writer(nc, layout)
+    names = [f"vmi-{i:02d}" for i in range(12)]
+    for node in ("n1", "n2"):
+        assert (await writer.execute(register_command(node, devices=False))).outcome.accepted
+    for i, name in enumerate(names):
+        for command in (vmi_command(name, "apply", vmi_manifest(name)),
+                        vmi_command(name, "schedule", {"node": f"n{i % 2 + 1}"})):
+            assert (await writer.execute(command)).outcome.accepted
+    for name in names:
+        deletion = Command(id=str(uuid.uuid4()), actor="user:erin",
+                           kind="VirtualMachineInstance", verb="delete", namespace="default",
+                           name=name)
+        assert (await writer.execute(deletion)).outcome.accepted
+    stop = asyncio.Event()
+    dispatcher = Dispatcher(nc, layout)
+    publishing = asyncio.ensure_future(dispatcher.run(stop))
+    try:
+        await dispatch_the_log(nc, layout, dispatcher)
+    finally:
+        stop.set()
+        await publishing
+    order = {str(read_event(m).id): sequence(m)  # type: ignore[union-attr]
+             for m in await read_all(nc, layout.events_stream, layout.events_filter())}
+    work = [(m.subject.split(".")[-2], _decode_node_command(m.data))  # type: ignore[union-attr]
+            for m in await node_work(nc, layout)]
+    assert sorted(c.verb for _, c in work) == ["launch"] * 12 + ["stop"] * 12
+    for node in ("n1", "n2"):
+        sequences = [order[c.event_id] for n, c in work if n == node]
+        assert len(sequences) == 12 and sequences == sorted(sequences), node
+    assert await checkpoint(nc, layout) == max(order.values())
+
+
+async def test_the_checkpoint_never_passes_work_nats_has_not_taken(
+        nc: Nats, prefix: str) -> None:
+    """With the node stream gone, the launch is tried again and again; a dispatcher stopped
+    meanwhile leaves the checkpoint before it, so the next one publishes it."""
+    layout = Layout(prefix)
+    writer = Writer(nc, layout)
+    dispatcher = Dispatcher(nc, layout)
+    assert (await writer.execute(register_command("n1", devices=False))).outcome.accepted
+    await dispatch_the_log(nc, layout, dispatcher)  # n1's consumer made, and known made
+    for command in (vmi_command("web", "apply", vmi_manifest("web")),
+                    vmi_command("web", "schedule", {"node": "n1"})):
+        assert (await writer.execute(command)).outcome.accepted
+    js = nc.jetstream()
+    await js.delete_stream(layout.node_stream)
+    stop = asyncio.Event()
+    with capture_logs() as logs:
+        publishing = asyncio.ensure_future(dispatcher.run(stop))
+        following = asyncio.ensure_future(dispatch_the_log(nc, layout, dispatcher))
+        try:
+            async def retrying() -> bool:
+                return any(r["event"].startswith("dispatching") for r in logs)
+
+            await eventually(retrying, what="the launch tried again")
+        finally:
+            stop.set()
+            await publishing
+            await following
+    assert await checkpoint(nc, layout) < (await js.stream_info(
+        layout.events_stream)).state.last_seq
+    await ensure_all(js, layout)
+    await dispatch_the_log(nc, layout)
+    [launch] = await node_work(nc, layout)
+    assert _decode_node_command(launch.data).verb == "launch"
 
 
 async def test_the_control_plane_makes_each_nodes_work_consumer_and_makes_it_again(
