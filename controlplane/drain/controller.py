@@ -37,23 +37,37 @@ from projections.cluster import ClusterState
 from projections.eviction import eviction_strategy, migrating
 from projections.hco import HCO_VIEW_KINDS
 from projections.migratable import not_migratable
-from projections.views import NodeView, VirtualMachineInstanceView
+from projections.views import NodeView, View, VirtualMachineInstanceView
 
 NAME = "evacuation"
 class EvacuationController:
     name = NAME
 
+    def __init__(self) -> None:
+        self._state: ClusterState | None = None
+        """The read model this controller observes."""
+        self._evicting: set[str] = set()
+        """The nodes with something to evict (`evicting`), as folded from the read model's
+        changes: a VMI's or a migration's change matters only while there is one."""
+
     def on_event(self, state: ClusterState, event: Event) -> list[Command]:
         kind = split_aggregate_id(event.originator_id)[0]
-        if kind in (NODE_KIND, VMI_KIND, MIGRATION_KIND) or kind in HCO_VIEW_KINDS:
+        if kind == NODE_KIND or kind in HCO_VIEW_KINDS or state is not self._state:
+            return self.resync(state)
+        if kind in (VMI_KIND, MIGRATION_KIND) and self._evicting:
             return self.resync(state)
         return []
 
     def resync(self, state: ClusterState) -> list[Command]:
         """Only a draining node, or one with a NoExecute taint, has anything to evict: the
         VMIs are looked at (once, grouped by node) only when there is such a node."""
-        nodes = [n for n in state.nodes()
-                 if n.draining or any(t.effect == "NoExecute" for t in n.taints)]
+        if state is not self._state:
+            if self._state is not None:
+                self._state.observers.remove(self._observe)
+            state.observers.append(self._observe)
+            self._state = state
+        nodes = [n for n in state.nodes() if evicting(n)]
+        self._evicting = {n.name for n in nodes}
         if not nodes:
             return []
         placement = workload_placement(state)
@@ -71,6 +85,14 @@ class EvacuationController:
                     out += evict(state, vmi, node, node.correlation_id)[0]
         return out
 
+    def _observe(self, view: View) -> None:
+        """Fold one change of the read model in: a node's eviction beginning or ending."""
+        if isinstance(view, NodeView):
+            if view.exists and evicting(view):
+                self._evicting.add(view.name)
+            else:
+                self._evicting.discard(view.name)
+
     def drain(self, state: ClusterState, node: NodeView,
               vmis: list[VirtualMachineInstanceView]) -> list[Command]:
         out: list[Command] = []
@@ -83,6 +105,11 @@ class EvacuationController:
             out.append(derived_command(NAME, "Node", "drained", "", node.name, node.version,
                                        correlation_id=node.correlation_id))
         return out
+
+
+def evicting(node: NodeView) -> bool:
+    """Whether `node` has VMIs to evict: it drains, or carries a NoExecute taint."""
+    return node.draining or any(t.effect == "NoExecute" for t in node.taints)
 
 
 def untolerated_no_execute(node: NodeView, vmi: VirtualMachineInstanceView,
