@@ -68,6 +68,8 @@ class Scheduler:
         self._config: tuple[ClusterTuning, NodePlacement | None] | None = None
         self._waiting: dict[str, VirtualMachineInstanceView] = {}
         """The VMIs to place, by aggregate id, in the order they came to wait."""
+        self._passed_all = False
+        """Every waiting VMI was decided, and the read model has not changed since."""
 
     def on_event(self, state: ClusterState, event: Event) -> list[Command]:
         if state is not self._state:
@@ -78,11 +80,21 @@ class Scheduler:
             if vmi is not None and vmi.id in self._waiting:
                 return self._pass(state, [vmi], event.correlation_id)
             if vmi is None or not vmi.active:  # what it held is free: others may fit now
-                return self._pass(state, list(self._waiting.values()))
+                return self._pass_all(state)
             return []
         if kind == NODE_KIND or kind in HCO_VIEW_KINDS:
-            return self._pass(state, list(self._waiting.values()))
+            return self._pass_all(state)
         return []
+
+    def _pass_all(self, state: ClusterState) -> list[Command]:
+        """Every waiting VMI decided, unless that was done on the state as it still is (a
+        batch of a thousand failed VMIs, or of every node's change, decides them all once,
+        not once per event: the same decisions on the same state)."""
+        if self._passed_all:
+            return []
+        commands = self._pass(state, list(self._waiting.values()))
+        self._passed_all = True
+        return commands
 
     def resync(self, state: ClusterState) -> list[Command]:
         """Everything built again from `state`, which is observed from now on; every
@@ -94,7 +106,8 @@ class Scheduler:
             self._state = state
         self._ledger = self._config = None
         self._waiting = {v.id: v for v in state.vmis() if waiting(v)}
-        return self._pass(state, list(self._waiting.values()))
+        self._passed_all = False
+        return self._pass_all(state)
 
     def ledger(self, state: ClusterState, tuning: ClusterTuning) -> Ledger:
         """What each node holds, as folded so far (built from `state` where it must be)."""
@@ -104,6 +117,7 @@ class Scheduler:
 
     def _observe(self, view: View) -> None:
         """Fold one change of the read model in."""
+        self._passed_all = False
         if isinstance(view, VirtualMachineInstanceView):
             if waiting(view):
                 self._waiting.setdefault(view.id, view)

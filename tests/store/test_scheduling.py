@@ -11,7 +11,7 @@ from controlplane.controllers.scheduler import Scheduler
 from controlplane.vm.controller import VMController
 from events.messages import Command
 from projections.cluster import render_vm
-from tests.store.helpers import SyncHandler
+from tests.store.helpers import SyncHandler, node_info
 from tests.store.scheduling_helpers import Cluster
 from tests.store.test_feature_gates import apply, apply_hco, vm
 
@@ -403,3 +403,24 @@ def test_the_least_allocated_node_wins(handler: SyncHandler) -> None:
         c.vmi(f"next{seed}")
         c.schedule()
         assert c.node_of(f"next{seed}") == f"idle{seed}"
+
+
+def test_a_batch_of_changes_decides_the_waiting_vmis_once_per_state(
+        handler: SyncHandler) -> None:
+    """Every node's change (or every freed VMI) in one batch is shown on one state: the
+    waiting VMIs are decided for the first, not again for each of the rest (at 10,000 VMs a
+    thousand failed VMIs made a thousand passes over thousands of waiting VMIs). Any change
+    of the read model since makes the next such event decide them all again."""
+    c = Cluster(handler)
+    c.node("n1", memory="1Gi")
+    c.vmi("big", {"domain": {"resources": {"requests": {"memory": "4Gi"}}}})
+    assert [cmd.verb for cmd in c.schedule()] == ["unschedulable"]
+    registered = c.run(Command(id=str(uuid.uuid4()), actor="system:node:n2", kind="Node",
+                               verb="register", name="n2", manifest=node_info("n2")))
+    [(_, event), *_] = registered.events
+    [placed] = c.scheduler.on_event(c.state, event)
+    assert (placed.verb, placed.manifest) == ("schedule", {"node": "n2"})
+    assert c.scheduler.on_event(c.state, event) == []  # the same state: decided already
+    assert c.operator("cordon", "n2").accepted  # folded: the read model changed
+    [again] = c.scheduler.on_event(c.state, event)
+    assert again.verb == "unschedulable"
