@@ -140,3 +140,16 @@ def test_quantities_use_the_largest_exact_unit(kib: int, quantity: str) -> None:
 def test_hugepage_resource_names_match_kubernetes() -> None:
     assert hugepages_resource(2048) == "hugepages-2Mi"
     assert hugepages_resource(1048576) == "hugepages-1Gi"
+
+
+def test_a_models_features_are_kept_for_the_process_never_with_extras(
+        conn: libvirt.virConnect) -> None:
+    """Rediscovery (every minute per node, a hundred nodes in a fleet) reads each model's
+    features from the process's cache, the same as libvirt gives them: a model asked with
+    extra features is not kept as the model's own."""
+    with_extra = CpuMap(conn, "x86_64", "test").features("Westmere", ["avx512f"])
+    assert "avx512f" in with_extra
+    plain = CpuMap(conn, "x86_64", "test").features("Westmere")
+    assert "avx512f" not in plain and plain < with_extra
+    config = DiscoveryConfig(node_name="n1", host_cpu_model="Haswell")
+    assert discover_host(conn, config) == discover_host(conn, config)
