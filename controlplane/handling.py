@@ -20,6 +20,19 @@ carries, for each object the decision wrote *or read*, the sequence it saw.
 | kind in a namespace) scanned          |                            | `ev.<kind>.<ns>.>`) at  |
 |                                       |                            | the sequence seen       |
 
+A decision whose batch would be exactly [marker, one event] (one event, on the one object it
+read, no scan) is stored without a batch, which the server stages and syncs (~3.3 ms here,
+against ~0.3 ms for a plain publish): the event alone, guarded by its object's expected
+sequence and marked `marker_follows`, then the marker, a plain publish naming the event's
+sequence (`CommandAccepted.sequences`), expecting its subject as above. Between the two the
+event is the command's record: the memory keeps every `marker_follows` event whose marker it
+has not seen (`Memory.unmarked`, complete once the control loop folded the whole log, which
+the intake waits for), and a command found there, before or after its decision, gets the
+missing marker, accepted with that sequence, and no decision (an object read again from the
+log feeds `unmarked` too, so an event whose publish went unanswered is found when the command
+is decided again). Only a complete memory takes this path. Everything else is one atomic
+batch. Either way:
+
 | the server answers                     | then                                              |
 |----------------------------------------|---------------------------------------------------|
 | stored                                 | the memory takes the decision's views; outcome    |
@@ -149,6 +162,13 @@ class Memory:
         self.views: dict[str, View] = {}
         self.complete = False
         self._stale: set[str] = set()
+        self.position = 0
+        """The sequence of the newest event the control loop has fed in (`observe`)."""
+        self.unmarked: dict[str, tuple[str, int]] = {}
+        """Command id -> (aggregate, sequence) of an event stored alone before its
+        command's marker (`marker_follows`) whose marker is not in the log as far as this
+        memory knows: a writer stopped between the two. Entries leave when the marker is
+        observed; complete (`complete`) once the whole log is folded."""
 
     def get(self, agg_id: str, view_cls: type[V]) -> V | None:
         """The view to decide on, or None when it has to be read from the log first."""
@@ -159,6 +179,11 @@ class Memory:
 
     def observe(self, event: Event, sequence: int) -> None:
         """Fold an event from the log (its own writes come back too, and change nothing)."""
+        self.position = max(self.position, sequence)
+        if isinstance(event, CommandAccepted | CommandRejected):
+            self.unmarked.pop(event.command_id, None)
+            return
+        self._note_unmarked(event, sequence)
         view = self.views.get(event.originator_id)
         if view is None:
             view_cls = VIEW_KINDS.get(event.originator_id.split(".", 1)[0])
@@ -179,10 +204,16 @@ class Memory:
             event = read_event(msg)
             if event is not None:
                 view.apply(event, sequence(msg))
+                if sequence(msg) > self.position:  # observed later, its marker too
+                    self._note_unmarked(event, sequence(msg))
             view.last_sequence = sequence(msg)
         self.views[agg_id] = view
         self._stale.discard(agg_id)
         return view
+
+    def _note_unmarked(self, event: Event, sequence: int) -> None:
+        if event.marker_follows:
+            self.unmarked[event.causation_id] = (event.originator_id, sequence)
 
     def forget(self, agg_id: str, seen: int) -> None:
         """Drop a view the server says is stale (unless it moved on since `seen`): the next
@@ -329,10 +360,16 @@ class CommandHandler:
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
                 await asyncio.sleep(random.uniform(0, CONFLICT_BACKOFF_SECONDS * 2 ** attempt))
+            if (stored := self.memory.unmarked.get(command.id)) is not None:
+                return await self._mark_stored(command, stored[1], bound)
             decision, verdict = await self._decide(command, scans, bound)
-            batch = self._batch(decision, verdict, marker_at)
+            if (stored := self.memory.unmarked.get(command.id)) is not None:  # read on the way
+                return await self._mark_stored(command, stored[1], bound)
+            alone = self._alone(decision, verdict)
             try:
-                seqs = await self.commits.publish(batch)
+                if alone is not None:
+                    return await self._publish_alone(decision, alone, bound)
+                seqs = await self.commits.publish(self._batch(decision, verdict, marker_at))
             except (AppendConflict, OutcomeUnknown) as e:
                 prior, marker_at = await self.prior(command)
                 if prior is not None:
@@ -346,17 +383,67 @@ class CommandHandler:
             except PersistenceError as e:  # the log refuses these events as they are
                 return await self.record_refusal(
                     command, Verdict(f"the log refused this command's events: {e}"))
-            return self._recorded(decision, verdict, seqs, bound)
+            return self._recorded(decision, verdict, seqs[1:1 + len(decision.events)], bound)
         return await self.record_refusal(
             command, Verdict("the object kept changing concurrently; retry"))
 
     async def record_refusal(self, command: Command, verdict: Verdict) -> Result:
         """Refuse `command` for good without deciding it (e.g. it claims another actor)."""
         decision = Decision(self.memory, command, {})
+        recorded = await self._publish_marker(
+            command, lambda marker_at: self._batch(decision, verdict, marker_at))
+        if isinstance(recorded, Result):
+            return recorded
+        return self._recorded(decision, verdict, [], log.bind(command_id=command.id))
+
+    def _alone(self, decision: Decision, verdict: Verdict | None) -> Outgoing | None:
+        """The decision's one event, to be stored alone (a plain publish, guarded by its
+        object's expected sequence) and its marker after it, when that is all its atomic
+        batch would hold: one event, on the one object it read, no scan. Only on a complete
+        memory, which knows every such event still waiting for its marker (`unmarked`)."""
+        events = decision.events
+        if verdict is not None or decision.scanned or not self.memory.complete \
+                or len(events) != 1 or decision.seen.keys() != {events[0].originator_id}:
+            return None
+        event = msgspec.structs.replace(events[0], marker_follows=True)
+        return _message(self.log.layout.aggregate_subject(event.originator_id), event,
+                        decision.seen[event.originator_id])
+
+    async def _publish_alone(self, decision: Decision, alone: Outgoing, bound: Any) -> Result:
+        """The event, then its marker naming its sequence. Between the two, the event is
+        the command's record: a writer stopped there is settled by `_mark_stored`."""
+        [seq] = await self.log.publish([alone])
+        marker = self._marker(decision, None, [seq])
+        recorded = await self._publish_marker(
+            decision.command, lambda marker_at: [_message(
+                self.log.layout.aggregate_subject(marker.originator_id), marker, marker_at)])
+        if isinstance(recorded, Result):  # another writer settled it from the event
+            return recorded
+        return self._recorded(decision, None, [seq], bound)
+
+    async def _mark_stored(self, command: Command, seq: int, bound: Any) -> Result:
+        """Answer a command whose one event is stored (at `seq`) and whose marker may not
+        be: append the marker, accepted with that sequence, unless one is there first."""
+        decision = Decision(self.memory, command, {})
+        marker = self._marker(decision, None, [seq])
+        recorded = await self._publish_marker(
+            command, lambda marker_at: [_message(
+                self.log.layout.aggregate_subject(marker.originator_id), marker, marker_at)])
+        self.memory.unmarked.pop(command.id, None)
+        if isinstance(recorded, Result):
+            return recorded
+        bound.info("command accepted: its event was stored before its marker", sequences=[seq])
+        return Result(Outcome(command_id=command.id, accepted=True, sequences=[seq]))
+
+    async def _publish_marker(self, command: Command,
+                              messages_at: Callable[[int], list[Outgoing]]) -> list[int] | Result:
+        """Store a batch that leads with the command's marker, expecting the marker's
+        subject at `marker_at` (0, or past a stray): its sequences, or the command's first
+        outcome when a marker is there already."""
         marker_at = 0
         for _attempt in range(MAX_ATTEMPTS):
             try:
-                seqs = await self.commits.publish(self._batch(decision, verdict, marker_at))
+                return await self.commits.publish(messages_at(marker_at))
             except (AppendConflict, OutcomeUnknown):
                 prior, last = await self.prior(command)
                 if prior is not None:
@@ -364,8 +451,6 @@ class CommandHandler:
                 if last == marker_at:  # no answer, and nothing stored: unknown
                     raise
                 marker_at = last  # past a stray
-                continue
-            return self._recorded(decision, verdict, seqs, log.bind(command_id=command.id))
         raise OutcomeUnknown(f"command {command.id}: its marker's subject kept moving")
 
     async def _decide(self, command: Command, scans: dict[str, Scan],
@@ -409,20 +494,29 @@ class CommandHandler:
             await self.memory.load(agg_id, view_cls)
         return Scan(ids, sequence(newest) if newest is not None else 0)
 
-    def _batch(self, decision: Decision, verdict: Verdict | None,
-               marker_at: int = 0) -> list[Outgoing]:
-        cmd, layout = decision.command, self.log.layout
+    def _marker(self, decision: Decision, verdict: Verdict | None,
+                sequences: list[int] | None = None) -> Event:
+        """The command's outcome marker: refused, or accepted with its events (that follow
+        it in its batch, or, `sequences`, that were stored before it)."""
+        cmd = decision.command
         marker = Aggregate(CommandView(marker_id(cmd)))
         common = {"command_id": cmd.id, "kind": cmd.kind[:MAX_TOKEN_LENGTH],
                   "verb": cmd.verb[:MAX_TOKEN_LENGTH], "target": cmd.name[:MAX_NAME_LENGTH]}
+        if verdict is not None:
+            return marker.trigger(decision.cause, CommandRejected, reason=verdict.reason,
+                                  field=verdict.field, **common)
+        if sequences:
+            return marker.trigger(decision.cause, CommandAccepted, event_count=len(sequences),
+                                  sequences=sequences, **common)
+        return marker.trigger(decision.cause, CommandAccepted,
+                              event_count=len(decision.events), **common)
+
+    def _batch(self, decision: Decision, verdict: Verdict | None,
+               marker_at: int = 0) -> list[Outgoing]:
+        layout = self.log.layout
+        marker = self._marker(decision, verdict)
         events = decision.events if verdict is None else []
-        if verdict is None:
-            marker.trigger(decision.cause, CommandAccepted, event_count=len(events), **common)
-        else:
-            marker.trigger(decision.cause, CommandRejected, reason=verdict.reason,
-                           field=verdict.field, **common)
-        out = [_message(layout.aggregate_subject(e.originator_id), e, marker_at)
-               for e in marker.pending]
+        out = [_message(layout.aggregate_subject(marker.originator_id), marker, marker_at)]
         written: set[str] = set()
         for event in events:
             agg_id = event.originator_id
@@ -439,15 +533,16 @@ class CommandHandler:
                                 layout.events_filter(kind)))
         return out
 
-    def _recorded(self, decision: Decision, verdict: Verdict | None, seqs: list[int],
+    def _recorded(self, decision: Decision, verdict: Verdict | None, event_seqs: list[int],
                   bound: Any) -> Result:
+        """The outcome of a decision the log took, its events at `event_seqs`; the memory
+        takes the decision's views."""
         cmd = decision.command
         if verdict is not None:
             bound.info("command rejected", field=verdict.field, reason=verdict.reason)
             return Result(Outcome(command_id=cmd.id, accepted=False, reason=verdict.reason,
                                   field=verdict.field))
         events = decision.events
-        event_seqs = seqs[1:1 + len(events)]
         for seq, event in zip(event_seqs, events, strict=True):
             view = decision.touched[event.originator_id].state
             view.last_sequence = seq

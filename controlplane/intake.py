@@ -46,7 +46,7 @@ from controlplane.defaults import (
 )
 from controlplane.handling import INTERNAL_VERBS, Verdict
 from controlplane.writer import Writer
-from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped
+from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped, unless_stopped
 from events.messages import (
     MAX_ID_LENGTH,
     SYSTEM_ACTOR_PREFIX,
@@ -238,16 +238,26 @@ def decode_command(msg: Msg) -> Command:
     return command
 
 
+async def _until_ready(ready: asyncio.Event | None, stop: asyncio.Event) -> bool:
+    """Wait for the writer's memory to hold the whole log (the control loop caught up), so
+    the first decision already knows every event still waiting for its command's marker
+    (`Memory.unmarked`); False if stopped first."""
+    return ready is None or await unless_stopped(ready.wait(), stop)
+
+
 class CommandIntake:
     def __init__(self, nc: Client, layout: Layout, writer: Writer,
-                 policy: Policy | None = None) -> None:
+                 policy: Policy | None = None, ready: asyncio.Event | None = None) -> None:
         self.nc = nc
         self.layout = layout
         self.writer = writer
         self.policy = policy or Policy.open()
         self.outcomes: KeyValue | None = None
+        self.ready = ready
 
     async def run(self, stop: asyncio.Event) -> None:
+        if not await _until_ready(self.ready, stop):
+            return
         self.outcomes = await retry_until_stopped(
             lambda: self.nc.jetstream().key_value(self.layout.outcomes_bucket),
             "binding the outcomes bucket", stop)
@@ -299,12 +309,16 @@ def admission_verdict(command: Command, subject_actor: str, policy: Policy) -> V
 class ReportIntake:
     """Observations become commands; the control plane, not the agent, decides what they mean."""
 
-    def __init__(self, nc: Client, layout: Layout, writer: Writer) -> None:
+    def __init__(self, nc: Client, layout: Layout, writer: Writer,
+                 ready: asyncio.Event | None = None) -> None:
         self.nc = nc
         self.layout = layout
         self.writer = writer
+        self.ready = ready
 
     async def run(self, stop: asyncio.Event) -> None:
+        if not await _until_ready(self.ready, stop):
+            return
         await Consumer(self.nc, self.layout, stream=self.layout.reports_stream,
                        subject=self.layout.reports_filter, durable=REPORTS_CONSUMER,
                        work=self.handle).run(stop)
