@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import structlog
 from nats.aio.client import Client as Nats
+from nats.aio.msg import Msg
 
 from controlplane.handling import HANDLERS, Decision, Scan, Verdict, handles
 from controlplane.hco.commands import KUBEVIRT_CR_ID
@@ -24,7 +25,7 @@ from controlplane.writer import Writer
 from events.api import hco_defaults as d
 from events.connect import connect
 from events.datastore import AppendConflict, Outgoing
-from events.directget import read_all
+from events.directget import read_all, sequence
 from events.messages import Command, Outcome
 from events.streams import ensure_all, events_stream_config
 from events.subjects import Layout
@@ -279,3 +280,39 @@ async def test_a_decision_on_the_feature_gates_is_guarded(writers: Writers) -> N
     assert not refused.accepted
     assert refused.field == "spec.template.spec.domain.devices.downwardMetrics"
     assert await writers.versions(VM) == []
+
+
+async def test_a_command_delivered_again_after_its_object_changed_changes_nothing(
+        writers: Writers) -> None:
+    """An apply accepted, then another apply of the same VM: the first delivered again
+    (past the dedupe window) answers its first outcome, and the VM keeps the second spec.
+    Decided again, the first would store one event on the one object it read, without a
+    batch holding its marker's guard: only looking the marker up first stops it."""
+    first = apply("web", "64Mi")
+    accepted = (await writers.a.execute(first)).outcome
+    assert accepted.accepted
+    assert (await writers.a.execute(apply("web", "96Mi"))).outcome.accepted
+    await asyncio.sleep(WINDOW * 2)
+    again = await writers.a.execute(first)
+    assert again.outcome == accepted and again.events == []
+    assert await writers.versions(VM) == [1, 2]
+
+
+async def test_a_marker_folded_after_the_look_up_counts(writers: Writers) -> None:
+    """Two writers at one command: b records it (and a later change) after a looked its
+    marker up and found none; a's memory folds b's marker before a decides (as its control
+    loop feeds it), so a answers b's outcome and stores nothing."""
+    first = apply("web", "64Mi")
+    accepted = (await writers.b.execute(first)).outcome
+    assert (await writers.b.execute(apply("web", "96Mi"))).outcome.accepted
+    for msg in await read_all(writers.connections[0], writers.layout.events_stream,
+                              writers.layout.events_filter()):
+        event = read_event(msg)
+        assert event is not None
+        writers.a.handler.memory.observe(event, sequence(msg))
+    await asyncio.sleep(WINDOW * 2)
+    nothing: asyncio.Future[Msg | None] = asyncio.get_running_loop().create_future()
+    nothing.set_result(None)  # the look-up, answered before b's marker was stored
+    again = await writers.a.handler._execute(first, nothing, _quiet())
+    assert again.outcome == accepted and again.events == []
+    assert await writers.versions(VM) == [1, 2]
