@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import msgspec
@@ -340,6 +340,16 @@ class Result:
     def __init__(self, outcome: Outcome, events: list[tuple[int, Event]] | None = None) -> None:
         self.outcome = outcome
         self.events = events or []
+        self.announced = False
+        """Whether `execute`'s `announce` was told already (while the marker was appended)."""
+
+
+Announce = Callable[[Outcome], Awaitable[None]]
+"""Told a command's outcome once it is final (e.g. the intake's put to the outcomes bucket)."""
+
+
+async def nobody(_outcome: Outcome) -> None:
+    """No one to announce to."""
 
 
 class Verdict(msgspec.Struct, frozen=True):
@@ -355,11 +365,20 @@ class CommandHandler:
         self.memory = Memory(log)
         self.commits = GroupCommit(log)
 
-    async def execute(self, command: Command) -> Result:
+    async def execute(self, command: Command, announce: Announce = nobody) -> Result:
         """Decide and record exactly once; a command that already has an outcome gets it.
+        `announce` is told the outcome once it is final: once recorded, or, for an event
+        stored alone, as soon as the event is (while its marker is appended: the marker can
+        only record that outcome). Returns once both are done.
 
         Raises only what the log raised while it could not be read or written (the caller
         leaves the command to be delivered again): never for what the command holds."""
+        result = await self._decided(command, announce)
+        if not result.announced:
+            await announce(result.outcome)
+        return result
+
+    async def _decided(self, command: Command, announce: Announce) -> Result:
         bound = log.bind(command_id=command.id, kind=command.kind, verb=command.verb,
                          name=command.name, namespace=command.namespace, actor=command.actor,
                          correlation_id=command.correlation_id or command.id)
@@ -373,12 +392,12 @@ class CommandHandler:
             self.log.layout.events_stream, self.log.layout.aggregate_subject(marker_id(command))))
         looked_up.add_done_callback(_retrieved)
         try:
-            return await self._execute(command, looked_up, bound)
+            return await self._execute(command, looked_up, announce, bound)
         finally:
             looked_up.cancel()
 
     async def _execute(self, command: Command, looked_up: asyncio.Future[Msg | None],
-                       bound: Any) -> Result:
+                       announce: Announce, bound: Any) -> Result:
         scans: dict[str, Scan] = {}
         marker_at = 0
         """The last sequence on the marker's subject: 0, or a stray's."""
@@ -399,7 +418,7 @@ class CommandHandler:
                     return prior
             try:
                 if alone is not None:
-                    return await self._publish_alone(decision, alone, bound)
+                    return await self._publish_alone(decision, alone, announce, bound)
                 seqs = await self.commits.publish(self._batch(decision, verdict, marker_at))
             except (AppendConflict, OutcomeUnknown) as e:
                 prior, marker_at = await self.prior(command)
@@ -440,17 +459,31 @@ class CommandHandler:
         return _message(self.log.layout.aggregate_subject(event.originator_id), event,
                         decision.seen[event.originator_id])
 
-    async def _publish_alone(self, decision: Decision, alone: Outgoing, bound: Any) -> Result:
-        """The event, then its marker naming its sequence. Between the two, the event is
-        the command's record: a writer stopped there is settled by `_mark_stored`."""
+    async def _publish_alone(self, decision: Decision, alone: Outgoing, announce: Announce,
+                             bound: Any) -> Result:
+        """The event, then its marker naming its sequence, the outcome announced meanwhile:
+        once the event is stored, the command's outcome is that event (a writer stopped
+        before the marker is settled by `_mark_stored`; another writer at the same command
+        decided on the same object, so its write met this one's guard, or it found this
+        event and records the same)."""
         [seq] = await self.log.publish([alone])
+        result = self._recorded(decision, None, [seq], bound)
         marker = self._marker(decision, None, [seq])
-        recorded = await self._publish_marker(
-            decision.command, lambda marker_at: [_message(
-                self.log.layout.aggregate_subject(marker.originator_id), marker, marker_at)])
-        if isinstance(recorded, Result):  # another writer settled it from the event
+        recorded, announced = await asyncio.gather(
+            self._publish_marker(decision.command, lambda marker_at: [_message(
+                self.log.layout.aggregate_subject(marker.originator_id), marker, marker_at)]),
+            announce(result.outcome), return_exceptions=True)
+        for failed in (recorded, announced):
+            if isinstance(failed, BaseException):
+                raise failed
+        result.announced = True
+        if isinstance(recorded, Result) and recorded.outcome != result.outcome:
+            bound.error("another outcome was recorded first for a command whose event is "
+                        "stored; it stands", recorded=recorded.outcome, stored=result.outcome)
+            await announce(recorded.outcome)
+            recorded.announced = True
             return recorded
-        return self._recorded(decision, None, [seq], bound)
+        return result
 
     async def _mark_stored(self, command: Command, seq: int, bound: Any) -> Result:
         """Answer a command whose one event is stored (at `seq`) and whose marker may not

@@ -52,6 +52,7 @@ from events.messages import (
     SYSTEM_ACTOR_PREFIX,
     Command,
     NodeReport,
+    Outcome,
     message_decoder,
     node_actor,
     outcome_key,
@@ -271,15 +272,18 @@ class CommandIntake:
         command = decode_command(msg)
         verdict = admission_verdict(command, self.layout.command_actor(msg.subject),
                                     self.policy)
+        outcomes = self.outcomes
+        assert outcomes is not None, "run() binds the bucket first"
+
+        async def announce(outcome: Outcome) -> None:
+            await outcomes.put(outcome_key(command.actor, command.id), _encode(outcome))
+
         if verdict is not None:
             log.warning("command refused", command_id=command.id, actor=command.actor,
                         kind=command.kind, verb=command.verb, reason=verdict.reason)
-            result = await self.writer.handler.record_refusal(command, verdict)
+            await announce((await self.writer.handler.record_refusal(command, verdict)).outcome)
         else:
-            result = await self.writer.execute(command)
-        assert self.outcomes is not None, "run() binds the bucket first"
-        await self.outcomes.put(outcome_key(command.actor, command.id),
-                                _encode(result.outcome))
+            await self.writer.execute(command, announce)
 
 
 def admission_verdict(command: Command, subject_actor: str, policy: Policy) -> Verdict | None:

@@ -18,7 +18,7 @@ import structlog
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
 
-from controlplane.handling import HANDLERS, Decision, Scan, Verdict, handles
+from controlplane.handling import HANDLERS, Decision, Scan, Verdict, handles, nobody
 from controlplane.hco.commands import KUBEVIRT_CR_ID
 from controlplane.hco.controller import HCOController
 from controlplane.writer import Writer
@@ -313,6 +313,6 @@ async def test_a_marker_folded_after_the_look_up_counts(writers: Writers) -> Non
     await asyncio.sleep(WINDOW * 2)
     nothing: asyncio.Future[Msg | None] = asyncio.get_running_loop().create_future()
     nothing.set_result(None)  # the look-up, answered before b's marker was stored
-    again = await writers.a.handler._execute(first, nothing, _quiet())
+    again = await writers.a.handler._execute(first, nothing, nobody, _quiet())
     assert again.outcome == accepted and again.events == []
     assert await writers.versions(VM) == [1, 2]
