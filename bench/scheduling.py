@@ -16,6 +16,7 @@ import statistics
 import time
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 
@@ -43,7 +44,7 @@ SPEC = {"domain": {"cpu": {"model": "Haswell", "features": [{"name": "aes"}]},
                 {"key": "ssd", "operator": "Exists"}]}}]}}}
 
 
-def _event(cls: type[Event], agg: str, version: int, **fields: object) -> Event:
+def _event(cls: type[Event], agg: str, version: int, **fields: Any) -> Event:
     return cls(originator_id=agg, originator_version=version, timestamp=AT, actor="bench",
                correlation_id="c", causation_id="c", **fields)
 

@@ -46,12 +46,13 @@ from controlplane.defaults import (
 )
 from controlplane.handling import INTERNAL_VERBS, Verdict
 from controlplane.writer import Writer
-from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped
+from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped, unless_stopped
 from events.messages import (
     MAX_ID_LENGTH,
     SYSTEM_ACTOR_PREFIX,
     Command,
     NodeReport,
+    Outcome,
     message_decoder,
     node_actor,
     outcome_key,
@@ -238,16 +239,26 @@ def decode_command(msg: Msg) -> Command:
     return command
 
 
+async def _until_ready(ready: asyncio.Event | None, stop: asyncio.Event) -> bool:
+    """Wait for the writer's memory to hold the whole log (the control loop caught up), so
+    the first decision already knows every event still waiting for its command's marker
+    (`Memory.unmarked`); False if stopped first."""
+    return ready is None or await unless_stopped(ready.wait(), stop)
+
+
 class CommandIntake:
     def __init__(self, nc: Client, layout: Layout, writer: Writer,
-                 policy: Policy | None = None) -> None:
+                 policy: Policy | None = None, ready: asyncio.Event | None = None) -> None:
         self.nc = nc
         self.layout = layout
         self.writer = writer
         self.policy = policy or Policy.open()
         self.outcomes: KeyValue | None = None
+        self.ready = ready
 
     async def run(self, stop: asyncio.Event) -> None:
+        if not await _until_ready(self.ready, stop):
+            return
         self.outcomes = await retry_until_stopped(
             lambda: self.nc.jetstream().key_value(self.layout.outcomes_bucket),
             "binding the outcomes bucket", stop)
@@ -261,15 +272,18 @@ class CommandIntake:
         command = decode_command(msg)
         verdict = admission_verdict(command, self.layout.command_actor(msg.subject),
                                     self.policy)
+        outcomes = self.outcomes
+        assert outcomes is not None, "run() binds the bucket first"
+
+        async def announce(outcome: Outcome) -> None:
+            await outcomes.put(outcome_key(command.actor, command.id), _encode(outcome))
+
         if verdict is not None:
             log.warning("command refused", command_id=command.id, actor=command.actor,
                         kind=command.kind, verb=command.verb, reason=verdict.reason)
-            result = await self.writer.handler.record_refusal(command, verdict)
+            await announce((await self.writer.handler.record_refusal(command, verdict)).outcome)
         else:
-            result = await self.writer.execute(command)
-        assert self.outcomes is not None, "run() binds the bucket first"
-        await self.outcomes.put(outcome_key(command.actor, command.id),
-                                _encode(result.outcome))
+            await self.writer.execute(command, announce)
 
 
 def admission_verdict(command: Command, subject_actor: str, policy: Policy) -> Verdict | None:
@@ -299,12 +313,16 @@ def admission_verdict(command: Command, subject_actor: str, policy: Policy) -> V
 class ReportIntake:
     """Observations become commands; the control plane, not the agent, decides what they mean."""
 
-    def __init__(self, nc: Client, layout: Layout, writer: Writer) -> None:
+    def __init__(self, nc: Client, layout: Layout, writer: Writer,
+                 ready: asyncio.Event | None = None) -> None:
         self.nc = nc
         self.layout = layout
         self.writer = writer
+        self.ready = ready
 
     async def run(self, stop: asyncio.Event) -> None:
+        if not await _until_ready(self.ready, stop):
+            return
         await Consumer(self.nc, self.layout, stream=self.layout.reports_stream,
                        subject=self.layout.reports_filter, durable=REPORTS_CONSUMER,
                        work=self.handle).run(stop)

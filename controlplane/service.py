@@ -56,8 +56,8 @@ async def serve(access: Access | str, layout: Layout, *, replicas: int = 1,
         watchers = [asyncio.ensure_future(halt_on(e)) for e in (stop, lost)]
         try:
             await asyncio.gather(
-                CommandIntake(nc, layout, writer, policy).run(halt),
-                ReportIntake(nc, layout, writer).run(halt),
+                CommandIntake(nc, layout, writer, policy, ready=loop.live).run(halt),
+                ReportIntake(nc, layout, writer, ready=loop.live).run(halt),
                 loop.run(halt),
                 lease.hold(halt, lost),
             )

@@ -25,7 +25,7 @@ import controlplane.replicaset.commands
 import controlplane.vm.commands
 import controlplane.vmi.commands
 import controlplane.workloadupdate.commands
-from controlplane.handling import CommandHandler, Result
+from controlplane.handling import Announce, CommandHandler, Result, nobody
 from events.datastore import EventLog
 from events.messages import Command
 from events.subjects import Layout
@@ -77,6 +77,6 @@ class Writer:
         self.handler = CommandHandler(EventLog(nc, layout))
         self._turns = Turns()
 
-    async def execute(self, command: Command) -> Result:
+    async def execute(self, command: Command, announce: Announce = nobody) -> Result:
         async with self._turns.of(target_key(command)):
-            return await self.handler.execute(command)
+            return await self.handler.execute(command, announce)

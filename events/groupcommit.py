@@ -32,7 +32,11 @@ class GroupCommit:
         self._committing: asyncio.Task[None] | None = None
 
     async def publish(self, messages: Sequence[Outgoing]) -> list[int]:
-        """Like `EventLog.publish`, sharing the commit with whatever else is ready."""
+        """Like `EventLog.publish`, sharing the commit with whatever else is ready. A lone
+        message is a plain publish, stored at once (the server stages no batch for it):
+        pipelined with the others, never waiting for a group."""
+        if len(messages) == 1:
+            return await self.log.publish(messages)
         done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         self._waiting.append((messages, done))
         if self._committing is None:

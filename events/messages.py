@@ -116,16 +116,20 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
 
 @event_type("CommandAccepted")
 class CommandAccepted(Event, frozen=True, kw_only=True):
-    """A command's outcome, appended in the same atomic batch as its events. Its aggregate,
-    `command._.<id>`, may exist once: what makes every command's first outcome final."""
+    """A command's outcome, appended in the same atomic batch as its events, or right after
+    its one event (stored alone). Its aggregate, `command._.<id>`, may exist once: what makes
+    every command's first outcome final."""
 
     command_id: str
     kind: str
     verb: str
     target: str
     event_count: int = 0
-    """How many events follow the marker in its batch: the command's outcome, re-readable.
-    0 is an accepted no-op."""
+    """How many events the command caused: the command's outcome, re-readable. 0 is an
+    accepted no-op."""
+    sequences: list[int] = []
+    """Where its events are, when they were stored before the marker (each alone, marked
+    `marker_follows`); empty when they follow it in its atomic batch."""
 
 
 @event_type("CommandRejected")
@@ -149,12 +153,15 @@ def marker_aggregate(command_id: str) -> str:
 def recorded_outcome(marker: Event, sequence: int) -> Outcome | None:
     """The outcome a command's marker (stored at `sequence`) records; None for an event that
     is not a well-formed marker (another type, or not on its own command's aggregate). An
-    accepted marker leads its atomic batch, whose events are stored contiguously, so the
-    command's events are the `event_count` sequences right after it."""
+    accepted marker names its events' sequences when they were stored before it; otherwise
+    it leads its atomic batch, whose events are stored contiguously, so the command's events
+    are the `event_count` sequences right after it."""
     match marker:
         case CommandAccepted(command_id=command_id) | CommandRejected(command_id=command_id) \
                 if marker.originator_id != marker_aggregate(command_id):
             return None
+        case CommandAccepted(command_id=command_id, sequences=sequences) if sequences:
+            return Outcome(command_id=command_id, accepted=True, sequences=list(sequences))
         case CommandAccepted(command_id=command_id, event_count=count):
             return Outcome(command_id=command_id, accepted=True,
                            sequences=list(range(sequence + 1, sequence + 1 + count)))

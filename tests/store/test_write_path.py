@@ -16,17 +16,21 @@ from typing import Any
 import pytest
 import structlog
 from nats.aio.client import Client as Nats
+from nats.aio.msg import Msg
 
-from controlplane.handling import HANDLERS, Decision, Scan, handles
+from controlplane.handling import HANDLERS, Decision, Scan, Verdict, handles, nobody
+from controlplane.hco.commands import KUBEVIRT_CR_ID
+from controlplane.hco.controller import HCOController
 from controlplane.writer import Writer
 from events.api import hco_defaults as d
 from events.connect import connect
-from events.datastore import AppendConflict
-from events.directget import read_all
+from events.datastore import AppendConflict, Outgoing
+from events.directget import read_all, sequence
 from events.messages import Command, Outcome
 from events.streams import ensure_all, events_stream_config
 from events.subjects import Layout
 from events.vm import VirtualMachineDeleted
+from projections.cluster import ClusterState
 from projections.follower import read_event
 from projections.views import VirtualMachineView
 from tests.system.harness import vm_manifest
@@ -36,10 +40,12 @@ WINDOW = 0.1
 
 
 class Writers:
-    def __init__(self, layout: Layout, connections: list[Nats]) -> None:
+    def __init__(self, layout: Layout, connections: list[Nats], complete: bool) -> None:
         self.layout = layout
         self.connections = connections
         self.a, self.b = (Writer(nc, layout) for nc in connections)
+        for writer in (self.a, self.b):
+            writer.handler.memory.complete = complete
 
     async def versions(self, agg_id: str) -> list[int]:
         """Every version stored for `agg_id`, in log order."""
@@ -48,8 +54,13 @@ class Writers:
         return [e.originator_version for m in msgs if (e := read_event(m)) is not None]
 
 
-@pytest.fixture
-async def writers(nats_url: str, prefix: str) -> AsyncIterator[Writers]:
+@pytest.fixture(params=[False, True], ids=["reading-memory", "complete-memory"])
+async def writers(nats_url: str, prefix: str,
+                  request: pytest.FixtureRequest) -> AsyncIterator[Writers]:
+    """Two writers whose memories read what they lack from the log, or take themselves as
+    complete (as the control loop's does, once it has folded the log) and so store a lone
+    event without a batch (`CommandHandler._alone`); nothing feeds them the log here, so a
+    complete one is behind whatever the other writes."""
     layout = Layout(prefix)
     connections = [await connect(nats_url, f"writer-{n}") for n in "ab"]
     js = connections[0].jetstream()
@@ -58,7 +69,7 @@ async def writers(nats_url: str, prefix: str) -> AsyncIterator[Writers]:
     config.duplicate_window = WINDOW
     await js.update_stream(config)
     try:
-        yield Writers(layout, connections)
+        yield Writers(layout, connections, request.param)
     finally:
         for nc in connections:
             await nc.close()
@@ -112,8 +123,14 @@ async def test_a_stale_writer_is_refused_by_the_expected_sequence(writers: Write
     assert verdict is None and [e.originator_version for e in decision.events] == [2]
     await asyncio.sleep(WINDOW * 2)
     with pytest.raises(AppendConflict):
-        await writers.a.handler.log.publish(writers.a.handler._batch(decision, verdict))
+        await writers.a.handler.log.publish(stored_as(writers.a, decision, verdict))
     assert await writers.versions(VM) == [1, 2]
+
+
+def stored_as(writer: Writer, decision: Decision, verdict: Verdict | None) -> list[Outgoing]:
+    """What the writer publishes for a decision: its lone event, or its atomic batch."""
+    alone = writer.handler._alone(decision, verdict)
+    return [alone] if alone is not None else writer.handler._batch(decision, verdict)
 
 
 async def test_a_conflict_is_decided_again_on_fresh_state(writers: Writers) -> None:
@@ -224,3 +241,78 @@ async def test_a_handler_that_fails_refuses_its_command_and_changes_nothing(
     assert not refused.accepted and "RuntimeError" in refused.reason
     assert await writers.versions(VM) == []
     assert (await writers.a.execute(apply("web"))).outcome.accepted
+
+
+async def set_gates(writer: Writer, state: ClusterState, **gates: bool) -> None:
+    """A HyperConverged with these featureGates, and the KubeVirt CR the HCO controller
+    derives from it, written by `writer` and folded into `state`."""
+    hco = {"apiVersion": d.API_VERSION, "kind": d.KIND,
+           "metadata": {"name": d.DEFAULT_NAME, "namespace": d.DEFAULT_NAMESPACE},
+           "spec": {"featureGates": gates}}
+    apply_hco = Command(id=str(uuid.uuid4()), actor="user:ops", kind=d.KIND, verb="apply",
+                        name=d.DEFAULT_NAME, namespace=d.DEFAULT_NAMESPACE, manifest=hco)
+    for commands in ([apply_hco], None):
+        for c in commands if commands is not None else HCOController().reconcile(state):
+            result = await writer.execute(c)
+            assert result.outcome.accepted, result.outcome.reason
+            for seq, event in result.events:
+                state.apply(event, seq)
+
+
+async def test_a_decision_on_the_feature_gates_is_guarded(writers: Writers) -> None:
+    """A VM that uses a gated feature is admitted on the gates of now: decided while its
+    gate is on, it must not land after the gate was turned off (its read guard on the
+    KubeVirt CR refuses it), and decided again it is refused. A VM that uses no gated
+    feature does not depend on the gates: its decision reads the VM only."""
+    state = ClusterState()
+    await set_gates(writers.a, state, downwardMetrics=True)
+    manifest = vm_manifest("web", "Halted")
+    manifest["spec"]["template"]["spec"]["domain"]["devices"]["downwardMetrics"] = {}
+    gated = command("apply", manifest=manifest)
+    decision, verdict = await writers.a.handler._decide(gated, {}, _quiet())
+    assert verdict is None and set(decision.seen) == {VM, KUBEVIRT_CR_ID}
+    ungated, _ = await writers.a.handler._decide(apply("db"), {}, _quiet())
+    assert set(ungated.seen) == {"vm.default.db"}
+    await set_gates(writers.b, state, downwardMetrics=False)
+    with pytest.raises(AppendConflict):
+        await writers.a.handler.log.publish(stored_as(writers.a, decision, verdict))
+    refused = (await writers.a.execute(gated)).outcome
+    assert not refused.accepted
+    assert refused.field == "spec.template.spec.domain.devices.downwardMetrics"
+    assert await writers.versions(VM) == []
+
+
+async def test_a_command_delivered_again_after_its_object_changed_changes_nothing(
+        writers: Writers) -> None:
+    """An apply accepted, then another apply of the same VM: the first delivered again
+    (past the dedupe window) answers its first outcome, and the VM keeps the second spec.
+    Decided again, the first would store one event on the one object it read, without a
+    batch holding its marker's guard: only looking the marker up first stops it."""
+    first = apply("web", "64Mi")
+    accepted = (await writers.a.execute(first)).outcome
+    assert accepted.accepted
+    assert (await writers.a.execute(apply("web", "96Mi"))).outcome.accepted
+    await asyncio.sleep(WINDOW * 2)
+    again = await writers.a.execute(first)
+    assert again.outcome == accepted and again.events == []
+    assert await writers.versions(VM) == [1, 2]
+
+
+async def test_a_marker_folded_after_the_look_up_counts(writers: Writers) -> None:
+    """Two writers at one command: b records it (and a later change) after a looked its
+    marker up and found none; a's memory folds b's marker before a decides (as its control
+    loop feeds it), so a answers b's outcome and stores nothing."""
+    first = apply("web", "64Mi")
+    accepted = (await writers.b.execute(first)).outcome
+    assert (await writers.b.execute(apply("web", "96Mi"))).outcome.accepted
+    for msg in await read_all(writers.connections[0], writers.layout.events_stream,
+                              writers.layout.events_filter()):
+        event = read_event(msg)
+        assert event is not None
+        writers.a.handler.memory.observe(event, sequence(msg))
+    await asyncio.sleep(WINDOW * 2)
+    nothing: asyncio.Future[Msg | None] = asyncio.get_running_loop().create_future()
+    nothing.set_result(None)  # the look-up, answered before b's marker was stored
+    again = await writers.a.handler._execute(first, nothing, nobody, _quiet())
+    assert again.outcome == accepted and again.events == []
+    assert await writers.versions(VM) == [1, 2]

@@ -469,8 +469,8 @@ async def outcome_problems(vb: Client, load: Load) -> list[str]:
         marker = read_event(markers[0])
         after = sequence(markers[0]) + 1
         match marker:
-            case CommandAccepted(event_count=count) if first.accepted:
-                if first.sequences != list(range(after, after + count)):
+            case CommandAccepted(event_count=count, sequences=alone) if first.accepted:
+                if first.sequences != (alone or list(range(after, after + count))):
                     problems.append(f"{cid}: sequences {first.sequences}, marker at {after - 1} "
                                     f"with {count} events")
             case CommandRejected(reason=reason) if not first.accepted:
