@@ -279,7 +279,7 @@ class ReadService:
             _forbid(PolicySight(self.policy, asker, query.kind,
                                 "get" if query.name else "list"), query.namespace)
         if query.at is not None:
-            state = await audit.state_at(self.nc, self.layout, query.at)
+            state = await audit.state_at(self.nc, self.layout, query.at, query)
             return Answer(items=self.render(state, query, asker), sequence=state.last_sequence)
         after = query.after
         if after > self.state.last_sequence:
