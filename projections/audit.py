@@ -54,13 +54,21 @@ async def state_at(nc: Client, layout: Layout, at: int | datetime,
     if query is not None and query.name and query.namespace and query.kind in _READS:
         return await object_at(nc, layout, query, stop)
     state = ClusterState()
-    start = await restore(Snapshots(nc, layout), state, at_most=stop, announce=False)
+    start = await restore(Snapshots(nc, layout), state, at_most=stop, announce=False,
+                          kinds=_VIEWS_READ.get(query.kind) if query is not None else None)
     for msg in await read_all(nc, layout.events_stream, layout.events_filter(), start=start,
                               stop=stop):
         _fold(state, msg)  # what it changed is not needed here
     return state
 
 
+_VIEWS_READ: Final[dict[str, frozenset[str]]] = {
+    "VirtualMachine": frozenset({VM_KIND, VMI_KIND}),
+    "VirtualMachineInstance": frozenset({VMI_KIND, NODE_KIND}),
+}
+"""The kinds of views rendering objects of a kind reads (`render`, `render_view`): a VM
+its VMI, a VMI its node (whether its launcher is outdated). A read of any other kind
+restores every view."""
 _READS: Final[dict[str, tuple[str, ...]]] = {
     "VirtualMachine": (VM_KIND, VMI_KIND),
     "VirtualMachineInstance": (VMI_KIND,),
@@ -151,7 +159,8 @@ async def changes_from(nc: Client, layout: Layout, query: WatchQuery, first: int
     `sight` shows them (an object it may not read: no change at all), and the sequence the
     next page starts at: past every message read, so none is shown twice or skipped."""
     state = ClusterState()
-    start = await restore(Snapshots(nc, layout), state, at_most=first - 1, announce=False)
+    start = await restore(Snapshots(nc, layout), state, at_most=first - 1, announce=False,
+                          kinds=_VIEWS_READ.get(query.kind))
     out: list[Change] = []
     position = first
     async with aclosing(pages(nc, layout.events_stream, layout.events_filter(),
