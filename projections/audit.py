@@ -24,6 +24,7 @@ from events.nodes import NODE_KIND
 from events.query import WATCH_PAGE, Change, HistoryEntry, Query, WatchQuery
 from events.subjects import Layout, aggregate_id, split_aggregate_id
 from events.vm import VM_KIND, VMI_KIND
+from projections.bulk import uncollected
 from projections.cluster import ClusterState
 from projections.follower import head, read_event, start_sequence_at
 from projections.query import CLUSTER_SCOPED, KIND_TOKENS, TOKEN_KINDS
@@ -56,9 +57,11 @@ async def state_at(nc: Client, layout: Layout, at: int | datetime,
     state = ClusterState()
     start = await restore(Snapshots(nc, layout), state, at_most=stop, announce=False,
                           kinds=_VIEWS_READ.get(query.kind) if query is not None else None)
-    for msg in await read_all(nc, layout.events_stream, layout.events_filter(), start=start,
-                              stop=stop):
-        _fold(state, msg)  # what it changed is not needed here
+    tail = await read_all(nc, layout.events_stream, layout.events_filter(), start=start,
+                          stop=stop)
+    with uncollected():
+        for msg in tail:
+            _fold(state, msg)  # what it changed is not needed here
     return state
 
 

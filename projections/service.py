@@ -39,6 +39,7 @@ from events.query import (
 from events.streams import wait_for_streams
 from events.subjects import Layout
 from projections import audit, http
+from projections.bulk import uncollected
 from projections.cluster import ClusterState
 from projections.console import ConsoleRefused, console_page
 from projections.follower import follow, head, start_sequence_at
@@ -198,7 +199,8 @@ class ReadService:
     def render(self, state: ClusterState, query: Query,
                asker: str = ANONYMOUS) -> list[dict[str, Any]]:
         """`render`, as `asker` may see it."""
-        return visible(self.policy, asker, query, render(state, query))
+        with uncollected():
+            return visible(self.policy, asker, query, render(state, query))
 
     def refuse(self, reason: str, **detail: str) -> None:
         """A query or HTTP request refused: counted by `reason`, and logged."""
@@ -296,7 +298,9 @@ class ReadService:
             sequence = continued.sequence
         elif rebuild_at is not None:
             state = await audit.state_at(self.nc, self.layout, rebuild_at, query)
-            listed, sequence = Listed.of(self.render(state, query, asker)), state.last_sequence
+            listed = await asyncio.to_thread(  # its own state: off the live loop
+                lambda: Listed.of(self.render(state, query, asker)))
+            sequence = state.last_sequence
         else:
             after = query.after
             if after > self.state.last_sequence:

@@ -50,6 +50,7 @@ from events.aio import pause_unless_stopped
 from events.directget import read_all
 from events.subjects import Layout
 from events.transient import describe
+from projections.bulk import uncollected
 from projections.cluster import VIEW_KINDS, ClusterState
 from projections.views import View
 
@@ -297,28 +298,35 @@ def decode_state(data: bytes, kinds: frozenset[str] | None = None) -> ClusterSta
         raise SnapshotRejected(f"schema {snapshot.schema!r}, this version's is "
                                f"{SNAPSHOT_SCHEMA!r}")
     try:
-        content = msgspec.msgpack.decode(_inflate(snapshot.content), type=_Content)
-        decoder = _decoder(content.structs)
-        built = []
-        for section in content.views:
-            shape = _Shape.of(section)
-            built.append(iter([shape.build(row) for row in decoder.decode(section.rows)])
-                         if kinds is None or section.kind in kinds else None)
-        state = ClusterState()
-        for index in content.order:
-            views = built[index]
-            if views is not None:
-                view = next(views, None)
-                if view is None:
-                    raise SnapshotRejected(f"order: more views of section {index} than it has")
-                state.views[view.id] = view
-        if any(next(views, None) is not None for views in built if views is not None):
-            raise SnapshotRejected("order: fewer views than the sections hold")
+        with uncollected():
+            content = msgspec.msgpack.decode(_inflate(snapshot.content), type=_Content)
+            state = _views_of(content, kinds)
     except (msgspec.DecodeError, zlib.error, struct.error, ValueError, TypeError,
             IndexError, RecursionError) as e:
         raise SnapshotRejected(f"{type(e).__name__}: {e}") from e
     state.last_sequence = snapshot.sequence
     state.skipped = Counter(content.skipped)
+    return state
+
+
+def _views_of(content: _Content, kinds: frozenset[str] | None) -> ClusterState:
+    """A state of the content's views of `kinds`, in the order they were written."""
+    decoder = _decoder(content.structs)
+    built = []
+    for section in content.views:
+        shape = _Shape.of(section)
+        built.append(iter([shape.build(row) for row in decoder.decode(section.rows)])
+                     if kinds is None or section.kind in kinds else None)
+    state = ClusterState()
+    for index in content.order:
+        views = built[index]
+        if views is not None:
+            view = next(views, None)
+            if view is None:
+                raise SnapshotRejected(f"order: more views of section {index} than it has")
+            state.views[view.id] = view
+    if any(next(views, None) is not None for views in built if views is not None):
+        raise SnapshotRejected("order: fewer views than the sections hold")
     return state
 
 
@@ -449,8 +457,8 @@ class Snapshots:
         if data is None:
             self._ignore(name, UNREADABLE, "chunks lost to the ring, or not as its digest says")
             return None
-        try:
-            return decode_state(data, kinds)
+        try:  # off the event loop: a reader's live fold goes on meanwhile
+            return await asyncio.to_thread(decode_state, data, kinds)
         except SnapshotRejected as e:
             reason = FOREIGN if str(e).startswith("schema") else CORRUPT
             self._ignore(name, reason, str(e))

@@ -5,6 +5,7 @@ views, as a read of all does."""
 
 from __future__ import annotations
 
+import gc
 import zlib
 from typing import Any
 
@@ -84,3 +85,4 @@ def _order_long(content: dict[str, Any]) -> None:
 def test_hostile_content_is_refused(change: Any) -> None:
     with pytest.raises(SnapshotRejected):
         decode_state(_tampered(change))
+    assert gc.isenabled()  # decoding went without the collector, and gave it back
