@@ -16,8 +16,9 @@ created to scheduled, scheduled to launch published, launch to Running),
 `peak_rss_mb_<process>` (controlplane, projections, fleet, nats, bench),
 `events` in the log, the control plane's cold restart to live with and without snapshots
 (`restart_live_s_snapshots`, `restart_live_s_no_snapshots`), `get_at_ms` /
-`get_at_ms_no_snapshots` (the worst of a few past instants; null when one went unanswered
-for the client's whole wait), `watch_since_first_ms` (a resumed watch to its first change),
+`get_at_ms_no_snapshots` (every VM, all pages, the worst of a few past instants; null when
+one went unanswered for the client's whole wait), `get_at_one_ms` (one VM by name, as
+`virtbus get vm NAME --at` asks), `watch_since_first_ms` (a resumed watch to its first change),
 and the raw layer beneath a restart: `raw_log_read_s`, reading every message of the log (Direct Get
 pages, nothing decoded).
 """
@@ -197,14 +198,15 @@ async def restart_to_live(child: Child, timeout: float) -> float:
     return time.monotonic() - began
 
 
-async def get_at_ms(vb: Client, instants: list[int]) -> float | None:
-    """The slowest `get --at` of the instants (every VM at that sequence); None when one
-    went unanswered for the client's whole wait (`QUERY_TIMEOUT_SECONDS`)."""
+async def get_at_ms(vb: Client, instants: list[int], name: str = "") -> float | None:
+    """The slowest `get --at` of the instants (every VM at that sequence, all its pages, or
+    the one VM `name`); None when one went unanswered for the client's whole wait
+    (`QUERY_TIMEOUT_SECONDS`)."""
     slowest = 0.0
     for sequence in instants:
         began = time.perf_counter()
         try:
-            await vb.query_at(sequence, "VirtualMachine")
+            await vb.query_at(sequence, "VirtualMachine", NAMESPACE if name else "", name)
         except (TimeoutError, NatsTimeoutError):
             return None
         slowest = max(slowest, (time.perf_counter() - began) * 1000)
@@ -275,6 +277,7 @@ async def measure(args: argparse.Namespace, data: Path, server: EmbeddedNats) ->
                 await audit.state_at(vb.nc, layout, int(checkpoint.value or b"0")))
             restart_snapshots = await restart_to_live(procs["controlplane"], args.timeout)
             get_at = await get_at_ms(vb, instants)
+            get_at_one = await get_at_ms(vb, instants, "vm-00000")
             watch_first = await watch_first_ms(vb, max(1, last - 100))
             await vb.nc.jetstream().purge_stream(layout.read_snapshots_stream)
             restart_plain = await restart_to_live(procs["controlplane"], args.timeout)
@@ -300,6 +303,7 @@ async def measure(args: argparse.Namespace, data: Path, server: EmbeddedNats) ->
         "restart_live_s_no_snapshots": round(restart_plain, 2),
         "raw_log_read_s": round(raw_log_read_s, 3),
         "get_at_ms": _rounded(get_at), "get_at_ms_no_snapshots": _rounded(get_at_plain),
+        "get_at_one_ms": _rounded(get_at_one),
         "watch_since_first_ms": round(watch_first, 1),
     }
 

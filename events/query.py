@@ -50,11 +50,15 @@ class Query(msgspec.Struct, frozen=True, kw_only=True):
     name: str = ""
     after: int = 0
     at: int | datetime | None = None
+    continue_: str = msgspec.field(default="", name="continue")
+    """The token of the page to answer, from the answer before (`projections.paging`)."""
 
 
 class Answer(msgspec.Struct, frozen=True, kw_only=True):
     items: list[dict[str, Any]] = []
     sequence: int = 0
+    continue_: str = msgspec.field(default="", name="continue")
+    """The token of the next page; '' after the last (kube-apiserver's list `continue`)."""
     error: str = ""
     reason: str = ""
     """`FORBIDDEN` when the policy refused it, `TOO_MANY_REQUESTS` when the asker must wait;

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import aclosing
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import jsonpatch
 from nats.aio.client import Client
@@ -20,10 +20,13 @@ from nats.aio.msg import Msg
 
 from events.codec import Event
 from events.directget import pages, read_all, sequence
-from events.query import WATCH_PAGE, Change, HistoryEntry, WatchQuery
+from events.nodes import NODE_KIND
+from events.query import WATCH_PAGE, Change, HistoryEntry, Query, WatchQuery
 from events.subjects import Layout, aggregate_id, split_aggregate_id
+from events.vm import VM_KIND, VMI_KIND
+from projections.bulk import uncollected
 from projections.cluster import ClusterState
-from projections.follower import read_event, start_sequence_at
+from projections.follower import head, read_event, start_sequence_at
 from projections.query import CLUSTER_SCOPED, KIND_TOKENS, TOKEN_KINDS
 from projections.rendering import render_view
 from projections.snapshots import Snapshots, restore
@@ -43,16 +46,61 @@ SightOf = Callable[[str], Sight]
 """The asker's sight of a kind."""
 
 
-async def state_at(nc: Client, layout: Layout, at: int | datetime) -> ClusterState:
-    """The whole cluster as it stood at a sequence or an instant: from the newest snapshot
-    no later than that, and the log's tail after it."""
+async def state_at(nc: Client, layout: Layout, at: int | datetime,
+                   query: Query | None = None) -> ClusterState:
+    """The cluster as it stood at a sequence or an instant, as far as `query` reads it: one
+    object by name (`object_at`) from its own subjects, anything else from the newest
+    snapshot no later than that and the log's tail after it."""
     stop = at if isinstance(at, int) else await start_sequence_at(nc, layout, at) - 1
+    if query is not None and query.name and query.namespace and query.kind in _READS:
+        return await object_at(nc, layout, query, stop)
     state = ClusterState()
-    start = await restore(Snapshots(nc, layout), state, at_most=stop, announce=False)
-    for msg in await read_all(nc, layout.events_stream, layout.events_filter(), start=start,
-                              stop=stop):
-        _fold(state, msg)  # what it changed is not needed here
+    start = await restore(Snapshots(nc, layout), state, at_most=stop, announce=False,
+                          kinds=_VIEWS_READ.get(query.kind) if query is not None else None)
+    tail = await read_all(nc, layout.events_stream, layout.events_filter(), start=start,
+                          stop=stop)
+    with uncollected():
+        for msg in tail:
+            _fold(state, msg)  # what it changed is not needed here
     return state
+
+
+_VIEWS_READ: Final[dict[str, frozenset[str]]] = {
+    "VirtualMachine": frozenset({VM_KIND, VMI_KIND}),
+    "VirtualMachineInstance": frozenset({VMI_KIND, NODE_KIND}),
+}
+"""The kinds of views rendering objects of a kind reads (`render`, `render_view`): a VM
+its VMI, a VMI its node (whether its launcher is outdated). A read of any other kind
+restores every view."""
+_READS: Final[dict[str, tuple[str, ...]]] = {
+    "VirtualMachine": (VM_KIND, VMI_KIND),
+    "VirtualMachineInstance": (VMI_KIND,),
+}
+"""What rendering one object of a kind reads besides its own view (`render`): a VM its VMI
+of the same name; a VMI its node (whether its launcher is outdated), found on the VMI."""
+
+
+async def object_at(nc: Client, layout: Layout, query: Query, stop: int) -> ClusterState:
+    """The views rendering the one object `query` names reads, as they stood at sequence
+    `stop`: each folded from its own subject's events up to `stop` (an object's view is the
+    fold of its own events, `ClusterState.apply`), so its cost is that object's history,
+    not the cluster's. The answer's sequence is `stop` (the log's head if sooner)."""
+    state = ClusterState()
+    ids = [aggregate_id(token, query.namespace, query.name) for token in _READS[query.kind]]
+    for agg in ids:
+        await _fold_subject(nc, layout, state, agg, stop)
+    vmi = state.vmi(query.namespace, query.name)
+    if vmi is not None and vmi.node:
+        await _fold_subject(nc, layout, state, aggregate_id(NODE_KIND, "", vmi.node), stop)
+    state.last_sequence = min(stop, await head(nc, layout))
+    return state
+
+
+async def _fold_subject(nc: Client, layout: Layout, state: ClusterState, agg: str,
+                        stop: int) -> None:
+    for msg in await read_all(nc, layout.events_stream, layout.aggregate_subject(agg),
+                              stop=stop):
+        _fold(state, msg)
 
 
 def _fold(state: ClusterState, msg: Msg) -> tuple[Event, View] | None:
@@ -114,7 +162,8 @@ async def changes_from(nc: Client, layout: Layout, query: WatchQuery, first: int
     `sight` shows them (an object it may not read: no change at all), and the sequence the
     next page starts at: past every message read, so none is shown twice or skipped."""
     state = ClusterState()
-    start = await restore(Snapshots(nc, layout), state, at_most=first - 1, announce=False)
+    start = await restore(Snapshots(nc, layout), state, at_most=first - 1, announce=False,
+                          kinds=_VIEWS_READ.get(query.kind))
     out: list[Change] = []
     position = first
     async with aclosing(pages(nc, layout.events_stream, layout.events_filter(),

@@ -39,11 +39,13 @@ from events.query import (
 from events.streams import wait_for_streams
 from events.subjects import Layout
 from projections import audit, http
+from projections.bulk import uncollected
 from projections.cluster import ClusterState
 from projections.console import ConsoleRefused, console_page
 from projections.follower import follow, head, start_sequence_at
 from projections.hco import ALERTS_QUERY, METRICS_QUERY
 from projections.http import ANONYMOUS, StaticTokens
+from projections.paging import PAGE_SHARE, Listed, ListPages, parse_continue
 from projections.query import CLUSTER_SCOPED, KIND_TOKENS
 from projections.ratelimit import AskerLimits, AuditLimit
 from projections.rendering import render
@@ -176,13 +178,17 @@ class ReadService:
     def __init__(self, nc: Client, layout: Layout, policy: Policy | None = None,
                  tokens: StaticTokens | None = None,
                  audit_limit: AuditLimit | None = None, *,
-                 trust_proxy_headers: bool = False) -> None:
+                 trust_proxy_headers: bool = False, page_bytes: int = 0) -> None:
         self.nc = nc
         self.layout = layout
         self.policy = policy or Policy.open()
         self.tokens = tokens
         self.trust_proxy_headers = trust_proxy_headers
         self.audit_limits = AskerLimits(audit_limit or AuditLimit())
+        self.pages = ListPages()
+        self.page_bytes = page_bytes
+        """The most a `get` page's items may take, in bytes; 0: `PAGE_SHARE` of the
+        server's `max_payload`."""
         self.state = ClusterState()
         self.advanced = asyncio.Condition()
         self.answering: set[asyncio.Task[None]] = set()
@@ -193,7 +199,8 @@ class ReadService:
     def render(self, state: ClusterState, query: Query,
                asker: str = ANONYMOUS) -> list[dict[str, Any]]:
         """`render`, as `asker` may see it."""
-        return visible(self.policy, asker, query, render(state, query))
+        with uncollected():
+            return visible(self.policy, asker, query, render(state, query))
 
     def refuse(self, reason: str, **detail: str) -> None:
         """A query or HTTP request refused: counted by `reason`, and logged."""
@@ -272,22 +279,40 @@ class ReadService:
             raise Refused(RATE_LIMITED, TOO_MANY_REQUESTS_MESSAGE, math.ceil(wait))
 
     async def _get(self, asker: str, query: Query) -> Answer:
-        """Now (once the state holds `after`), or `at` a point, rebuilt from the log."""
-        if query.at is not None:
+        """Now (once the state holds `after`), or `at` a point, rebuilt from the log; a page
+        at a time, each cut from the first page's list (`projections.paging`). A rebuild
+        (`at`, or a further page no longer kept) is an audit read."""
+        try:
+            continued = parse_continue(query.continue_)
+        except ValueError as e:
+            raise Refused(MALFORMED, str(e)) from None
+        key = (asker, query.kind, query.namespace, query.name, query.at is None)
+        listed = None if continued is None else self.pages.get(key, continued.sequence)
+        rebuild_at = continued.sequence if continued is not None else query.at
+        if listed is None and rebuild_at is not None:
             self._audit_read(asker)
         if query.namespace and not asker.startswith(NODE_ACTOR_PREFIX):
             _forbid(PolicySight(self.policy, asker, query.kind,
                                 "get" if query.name else "list"), query.namespace)
-        if query.at is not None:
-            state = await audit.state_at(self.nc, self.layout, query.at)
-            return Answer(items=self.render(state, query, asker), sequence=state.last_sequence)
-        after = query.after
-        if after > self.state.last_sequence:
-            with contextlib.suppress(TimeoutError, NatsError):
-                after = await self._last_event_until(after)
-        await self._advanced_to(after, READ_WAIT_SECONDS)
-        return Answer(items=self.render(self.state, query, asker),
-                      sequence=self.state.last_sequence)
+        if continued is not None and listed is not None:
+            sequence = continued.sequence
+        elif rebuild_at is not None:
+            state = await audit.state_at(self.nc, self.layout, rebuild_at, query)
+            listed = await asyncio.to_thread(  # its own state: off the live loop
+                lambda: Listed.of(self.render(state, query, asker)))
+            sequence = state.last_sequence
+        else:
+            after = query.after
+            if after > self.state.last_sequence:
+                with contextlib.suppress(TimeoutError, NatsError):
+                    after = await self._last_event_until(after)
+            await self._advanced_to(after, READ_WAIT_SECONDS)
+            listed = Listed.of(self.render(self.state, query, asker))
+            sequence = self.state.last_sequence
+        items, token = self.pages.page(key, sequence, listed,
+                                       continued.offset if continued is not None else 0,
+                                       self.page_bytes or int(self.nc.max_payload * PAGE_SHARE))
+        return Answer(items=items, sequence=sequence, continue_=token)
 
     async def _advanced_to(self, sequence: int, timeout: float) -> None:
         """Until the state has read `sequence`; TimeoutError after `timeout`."""

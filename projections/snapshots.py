@@ -14,14 +14,16 @@ version is ignored, as is one that does not decode (bytes are hostile until prov
 ignored one is logged with its name and reason and counted (`Snapshots.ignored`); the reader
 falls back to an older snapshot or to the log from its start.
 
-The views are plain objects, so each is written as a row of its attribute values (their
-names once per view class) through `_Packer`, which keeps every Python type the views hold
-(tuples, sets, datetimes, msgspec Structs) as msgpack's own or a tagged extension, and
-refuses any other: a state it cannot write exactly is not written. Each distinct Struct
-value is written once, decoded once. The whole is zlib-compressed. Reading back builds only
-what the tags name: view classes of `VIEW_KINDS` as this version makes them and Structs of
-`events` and `projections`. A snapshot's chunks are read by batched Direct Get; one the
-ring has cut short is passed over at once.
+The views are plain objects, so each is written as a row of its attribute values, in one
+section per view class (its attribute names once), through `_Packer`, which keeps every
+Python type the views hold (tuples, sets, datetimes, msgspec Structs) as msgpack's own or a
+tagged extension, and refuses any other: a state it cannot write exactly is not written.
+Each distinct Struct value is written once, in one array per Struct class decoded in one
+call. The whole is zlib-compressed. Reading back builds only what the tags name: view
+classes of `VIEW_KINDS` as this version makes them and Structs of `events` and
+`projections`; a point-in-time read decodes only the sections of the kinds it renders. A
+snapshot's chunks are read by batched Direct Get; one the ring has cut short is passed over
+at once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import struct
 import time
 import zlib
 from collections import Counter
@@ -47,6 +50,7 @@ from events.aio import pause_unless_stopped
 from events.directget import read_all
 from events.subjects import Layout
 from events.transient import describe
+from projections.bulk import uncollected
 from projections.cluster import VIEW_KINDS, ClusterState
 from projections.views import View
 
@@ -92,26 +96,31 @@ class Unsnapshottable(Exception):
     """A state holding a value `_pack` cannot write back exactly."""
 
 
-class _Columns(msgspec.Struct, array_like=True, frozen=True):
-    """One view class's attribute names, in the order each of its rows holds the values."""
+class _StructSection(msgspec.Struct, array_like=True, frozen=True):
+    """The distinct values of one Struct class, by `module:qualname`: one msgpack array,
+    decoded in one call."""
+
+    name: str
+    values: msgspec.Raw
+
+
+class _RowSection(msgspec.Struct, array_like=True, frozen=True):
+    """The views of one class (`VIEW_KINDS`' token), each a row of its attribute values in
+    `keys`' order, as `_Packer` writes them: a reader decodes only the kinds it asks for."""
 
     kind: str
     keys: list[str]
-
-
-class _StructBody(msgspec.Struct, array_like=True, frozen=True):
-    """One distinct Struct value, by `module:qualname`, and its msgpack."""
-
-    name: str
-    body: bytes
+    rows: msgspec.Raw
 
 
 class _Content(msgspec.Struct, frozen=True, kw_only=True):
     skipped: dict[str, int]
-    columns: list[_Columns]
-    structs: list[_StructBody]
-    views: msgspec.Raw
-    """Rows `[column index, *values]`, each value as `_Packer` writes it."""
+    structs: list[_StructSection]
+    views: list[_RowSection]
+    order: list[int]
+    """Each view's section, in the state's order: a state read back iterates its views as
+    the one written did (what a restarted control plane reconciles first), and writes the
+    same bytes again."""
 
 
 class _SnapshotFile(msgspec.Struct, frozen=True, kw_only=True):
@@ -125,7 +134,8 @@ class _SnapshotFile(msgspec.Struct, frozen=True, kw_only=True):
 # msgpack extension codes of `_Packer`.
 _TUPLE, _SET, _FROZENSET, _DICT, _DATETIME, _TIMEDELTA, _STRUCT = range(1, 8)
 _SCALARS: Final = (bool, int, float, str, bytes)
-_INDEX_BYTES: Final = 4
+_REFERENCE: Final = struct.Struct(">HI")
+"""A Struct tag's payload: its class's section, and its place there."""
 MAX_SNAPSHOT_BYTES: Final = 1 << 30
 """The most a snapshot may inflate to: a compressed bomb is refused, not inflated."""
 _COMPRESSION_LEVEL: Final = 1
@@ -155,14 +165,20 @@ def _structs() -> dict[str, type[msgspec.Struct]]:
 
 class _Packer:
     """Writes values as msgspec encodes them, every type the views hold kept by a tag. Each
-    distinct Struct value goes once into a table and is named by its index there: views
-    share most of theirs (a VM's spec and its VMI's, a fleet's identical specs), so a reader
-    decodes each once and the views share it again, as `View.copy` shares them live."""
+    distinct Struct value goes once into its class's section and is named by the section
+    and its place there: views share most of theirs (a VM's spec and its VMI's, a fleet's
+    identical specs), so a reader decodes each once and the views share it again, as
+    `View.copy` shares them live."""
 
     def __init__(self) -> None:
-        self.structs: list[_StructBody] = []
-        self._by_body: dict[tuple[str, bytes], int] = {}
-        self._by_identity: dict[int, tuple[int, msgspec.Struct]] = {}
+        self._sections: dict[str, tuple[int, list[bytes]]] = {}
+        self._by_body: dict[tuple[str, bytes], bytes] = {}
+        self._by_identity: dict[int, tuple[bytes, msgspec.Struct]] = {}
+
+    def structs(self) -> list[_StructSection]:
+        return [_StructSection(name, msgspec.Raw(msgspec.msgpack.encode(
+            [msgspec.Raw(body) for body in bodies]))) for name, (_, bodies) in
+                self._sections.items()]
 
     def pack(self, value: Any) -> Any:
         kind = type(value)
@@ -185,31 +201,34 @@ class _Packer:
         if isinstance(value, msgspec.Struct):
             name = f"{kind.__module__}:{kind.__qualname__}"
             if _structs().get(name) is kind:
-                return msgspec.msgpack.Ext(_STRUCT, self._index(name, value).to_bytes(
-                    _INDEX_BYTES, "big"))
+                return msgspec.msgpack.Ext(_STRUCT, self._reference(name, value))
         raise Unsnapshottable(f"{kind.__module__}.{kind.__qualname__}")
 
-    def _index(self, name: str, value: msgspec.Struct) -> int:
+    def _reference(self, name: str, value: msgspec.Struct) -> bytes:
+        """The value's section and place in it, as `_REFERENCE` packs them."""
         known = self._by_identity.get(id(value))
         if known is not None and known[1] is value:
             return known[0]
         body = msgspec.msgpack.encode(value)
-        index = self._by_body.setdefault((name, body), len(self.structs))
-        if index == len(self.structs):
-            self.structs.append(_StructBody(name, body))
-        self._by_identity[id(value)] = (index, value)  # held, so its id is not reused
-        return index
+        reference = self._by_body.get((name, body))
+        if reference is None:
+            section, bodies = self._sections.setdefault(name, (len(self._sections), []))
+            reference = _REFERENCE.pack(section, len(bodies))
+            bodies.append(body)
+            self._by_body[(name, body)] = reference
+        self._by_identity[id(value)] = (reference, value)  # held, so its id is not reused
+        return reference
 
     @staticmethod
     def _ext(code: int, items: Any) -> msgspec.msgpack.Ext:
         return msgspec.msgpack.Ext(code, msgspec.msgpack.encode(items))
 
 
-def _struct_of(body: _StructBody) -> msgspec.Struct:
-    cls = _structs().get(body.name)
+def _section_of(section: _StructSection) -> list[msgspec.Struct]:
+    cls = _structs().get(section.name)
     if cls is None:
-        raise SnapshotRejected(f"names no Struct of this version: {body.name!r}")
-    return msgspec.msgpack.decode(body.body, type=cls)
+        raise SnapshotRejected(f"names no Struct of this version: {section.name!r}")
+    return msgspec.msgpack.decode(section.values, type=list[cls])  # type: ignore[valid-type]
 
 
 _BUILDERS: Final[dict[int, Any]] = {
@@ -222,13 +241,18 @@ _BUILDERS: Final[dict[int, Any]] = {
 }
 
 
-def _decoder(structs: list[msgspec.Struct]) -> msgspec.msgpack.Decoder[Any]:
-    """A decoder of `_Packer`'s values, its Struct tags naming `structs`; any other tag is
-    refused."""
+def _decoder(sections: list[_StructSection]) -> msgspec.msgpack.Decoder[Any]:
+    """A decoder of `_Packer`'s values, its Struct tags naming values of `sections` (each
+    section decoded when first named); any other tag is refused."""
+    decoded: list[list[msgspec.Struct] | None] = [None] * len(sections)
 
     def unpack_ext(code: int, data: memoryview) -> Any:
         if code == _STRUCT:
-            return structs[int.from_bytes(data, "big")]
+            section, place = _REFERENCE.unpack(data)
+            values = decoded[section]
+            if values is None:
+                values = decoded[section] = _section_of(sections[section])
+            return values[place]
         if code == _DATETIME:
             return datetime.fromisoformat(bytes(data).decode())
         build = _BUILDERS.get(code)
@@ -244,26 +268,28 @@ def encode_state(state: ClusterState) -> bytes:
     """`state` as a snapshot at its `last_sequence`; `Unsnapshottable` if it holds a value
     that could not be read back exactly."""
     kinds = {cls: kind for kind, cls in VIEW_KINDS.items()}
-    packer = _Packer()
-    columns: dict[tuple[type[View], tuple[str, ...]], int] = {}
-    rows = []
+    sections: dict[tuple[type[View], tuple[str, ...]], list[View]] = {}
+    index: dict[tuple[type[View], tuple[str, ...]], int] = {}
+    order = []
     for view in state.views.values():
-        attributes = vars(view)
-        shape = (type(view), tuple(attributes))
-        column = columns.setdefault(shape, len(columns))
-        rows.append([column, *(packer.pack(v) for v in attributes.values())])
-    content = _Content(
-        skipped=dict(state.skipped),
-        columns=[_Columns(kinds[cls], list(keys)) for cls, keys in columns],
-        structs=packer.structs, views=msgspec.Raw(msgspec.msgpack.encode(rows)))
+        shape = (type(view), tuple(vars(view)))
+        order.append(index.setdefault(shape, len(index)))
+        sections.setdefault(shape, []).append(view)
+    packer = _Packer()  # section by section: a state read back packs in the same order
+    views = [_RowSection(kinds[cls], list(keys), msgspec.Raw(msgspec.msgpack.encode(
+        [[packer.pack(v) for v in vars(view).values()] for view in section])))
+        for (cls, keys), section in sections.items()]
+    content = _Content(skipped=dict(state.skipped), structs=packer.structs(), views=views,
+                       order=order)
     return msgspec.msgpack.encode(_SnapshotFile(
         schema=SNAPSHOT_SCHEMA, sequence=state.last_sequence,
         content=zlib.compress(msgspec.msgpack.encode(content), _COMPRESSION_LEVEL)))
 
 
-def decode_state(data: bytes) -> ClusterState:
-    """The state a snapshot holds; `SnapshotRejected` for anything else, a snapshot of
-    another code version included."""
+def decode_state(data: bytes, kinds: frozenset[str] | None = None) -> ClusterState:
+    """The state a snapshot holds, only its views of `kinds` (`VIEW_KINDS`' tokens; all when
+    None); `SnapshotRejected` for anything else, a snapshot of another code version
+    included."""
     try:
         snapshot = msgspec.msgpack.decode(data, type=_SnapshotFile)
     except msgspec.DecodeError as e:
@@ -272,19 +298,35 @@ def decode_state(data: bytes) -> ClusterState:
         raise SnapshotRejected(f"schema {snapshot.schema!r}, this version's is "
                                f"{SNAPSHOT_SCHEMA!r}")
     try:
-        content = msgspec.msgpack.decode(_inflate(snapshot.content), type=_Content)
-        structs = [_struct_of(body) for body in content.structs]
-        shapes = [_Shape.of(columns) for columns in content.columns]
-        rows = _decoder(structs).decode(content.views)
-        state = ClusterState()
-        for row in rows:
-            view = shapes[row[0]].build(row)
-            state.views[view.id] = view
-    except (msgspec.DecodeError, zlib.error, ValueError, TypeError, IndexError,
-            RecursionError) as e:
+        with uncollected():
+            content = msgspec.msgpack.decode(_inflate(snapshot.content), type=_Content)
+            state = _views_of(content, kinds)
+    except (msgspec.DecodeError, zlib.error, struct.error, ValueError, TypeError,
+            IndexError, RecursionError) as e:
         raise SnapshotRejected(f"{type(e).__name__}: {e}") from e
     state.last_sequence = snapshot.sequence
     state.skipped = Counter(content.skipped)
+    return state
+
+
+def _views_of(content: _Content, kinds: frozenset[str] | None) -> ClusterState:
+    """A state of the content's views of `kinds`, in the order they were written."""
+    decoder = _decoder(content.structs)
+    built = []
+    for section in content.views:
+        shape = _Shape.of(section)
+        built.append(iter([shape.build(row) for row in decoder.decode(section.rows)])
+                     if kinds is None or section.kind in kinds else None)
+    state = ClusterState()
+    for index in content.order:
+        views = built[index]
+        if views is not None:
+            view = next(views, None)
+            if view is None:
+                raise SnapshotRejected(f"order: more views of section {index} than it has")
+            state.views[view.id] = view
+    if any(next(views, None) is not None for views in built if views is not None):
+        raise SnapshotRejected("order: fewer views than the sections hold")
     return state
 
 
@@ -300,28 +342,32 @@ def _inflate(content: bytes) -> bytes:
 
 class _Shape:
     """A view class as this version makes one: its attributes in the snapshot's order, and
-    the type of each whose fresh value is not None. A row of another shape is refused."""
+    the type of each whose fresh value is not None. A row of another shape is refused; the
+    types of a row once checked are known good (a fleet's rows have a few shapes)."""
 
     def __init__(self, cls: type[View], fresh: dict[str, Any]) -> None:
         self.cls, self.keys = cls, list(fresh)
         self.types = [None if v is None else type(v) for v in fresh.values()]
+        self.checked: set[tuple[type, ...]] = set()
 
     @classmethod
-    def of(cls, columns: _Columns) -> _Shape:
-        view_class = VIEW_KINDS.get(columns.kind)
+    def of(cls, section: _RowSection) -> _Shape:
+        view_class = VIEW_KINDS.get(section.kind)
         fresh = vars(view_class("")) if view_class is not None else {}
-        if view_class is None or columns.keys != list(fresh):
-            raise SnapshotRejected(f"not a view as this version makes one: {columns.kind!r} "
-                                   f"with {columns.keys!r}"[:200])
+        if view_class is None or section.keys != list(fresh):
+            raise SnapshotRejected(f"not a view as this version makes one: {section.kind!r} "
+                                   f"with {section.keys!r}"[:200])
         return cls(view_class, fresh)
 
-    def build(self, row: list[Any]) -> View:
-        values = row[1:]
-        if len(values) != len(self.keys) or any(
-                expected is not None and type(v) is not expected
-                for v, expected in zip(values, self.types, strict=True)):
-            raise SnapshotRejected(f"a row that is no {self.cls.__name__} of this version: "
-                                   f"{values[:1]!r}")
+    def build(self, values: list[Any]) -> View:
+        types = tuple(map(type, values))
+        if types not in self.checked:
+            if len(values) != len(self.keys) or any(
+                    expected is not None and actual is not expected
+                    for actual, expected in zip(types, self.types, strict=True)):
+                raise SnapshotRejected(f"a row that is no {self.cls.__name__} of this "
+                                       f"version: {values[:1]!r}")
+            self.checked.add(types)
         view = self.cls.__new__(self.cls)
         vars(view).update(zip(self.keys, values, strict=True))
         return view
@@ -368,9 +414,12 @@ class Snapshots:
                  bytes=len(data), seconds=round(time.monotonic() - started, 3))
         return True
 
-    async def latest(self, at_most: int | None = None) -> ClusterState | None:
+    async def latest(self, at_most: int | None = None,
+                     kinds: frozenset[str] | None = None) -> ClusterState | None:
         """The newest snapshot this version can trust at or before sequence `at_most`
-        (any, when None); None when there is none (the log is folded from its start)."""
+        (any, when None), with its views of `kinds` only (all, when None: a reader that
+        renders one kind needs only what that reads); None when there is none (the log is
+        folded from its start)."""
         try:
             store = await self._bucket()
             infos = await store.list(ignore_deletes=True)
@@ -388,7 +437,7 @@ class Snapshots:
         candidates.sort(key=lambda candidate: candidate[0], reverse=True)
         for sequence, info in candidates[:SNAPSHOT_CANDIDATES]:
             name = info.name or ""
-            state = await self._read(info)
+            state = await self._read(info, kinds)
             if state is None:
                 continue
             if state.last_sequence != sequence:
@@ -397,7 +446,8 @@ class Snapshots:
             return state
         return None
 
-    async def _read(self, info: ObjectInfo) -> ClusterState | None:
+    async def _read(self, info: ObjectInfo,
+                    kinds: frozenset[str] | None = None) -> ClusterState | None:
         name = info.name or ""
         try:
             data = await asyncio.wait_for(self._chunks(info), SNAPSHOT_READ_SECONDS)
@@ -407,8 +457,8 @@ class Snapshots:
         if data is None:
             self._ignore(name, UNREADABLE, "chunks lost to the ring, or not as its digest says")
             return None
-        try:
-            return decode_state(data)
+        try:  # off the event loop: a reader's live fold goes on meanwhile
+            return await asyncio.to_thread(decode_state, data, kinds)
         except SnapshotRejected as e:
             reason = FOREIGN if str(e).startswith("schema") else CORRUPT
             self._ignore(name, reason, str(e))
@@ -434,11 +484,12 @@ class Snapshots:
 
 
 async def restore(snapshots: Snapshots, state: ClusterState, at_most: int | None = None, *,
-                  announce: bool = True) -> int:
+                  announce: bool = True, kinds: frozenset[str] | None = None) -> int:
     """Make `state` (an empty one, which others may hold already) the newest usable
-    snapshot at or before `at_most`; the first sequence left to fold. A process's start
-    `announce`s it (an info line); a point-in-time read, done per query, logs it at debug."""
-    found = await snapshots.latest(at_most)
+    snapshot at or before `at_most` (its views of `kinds` only, see `Snapshots.latest`);
+    the first sequence left to fold. A process's start `announce`s it (an info line); a
+    point-in-time read, done per query, logs it at debug."""
+    found = await snapshots.latest(at_most, kinds)
     if found is None:
         return 1
     state.views, state.last_sequence, state.skipped = (found.views, found.last_sequence,

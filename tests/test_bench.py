@@ -67,7 +67,7 @@ def test_bench_scale_prints_figures() -> None:
                 "create_to_running_p99_ms", "peak_rss_mb_controlplane", "peak_rss_mb_fleet",
                 "peak_rss_mb_projections", "peak_rss_mb_nats", "restart_live_s_snapshots",
                 "restart_live_s_no_snapshots", "raw_log_read_s", "get_at_ms",
-                "get_at_ms_no_snapshots", "watch_since_first_ms",
+                "get_at_ms_no_snapshots", "get_at_one_ms", "watch_since_first_ms",
                 *(f"step_{step}_{figure}_ms"
                   for step in ("vm_to_vmi", "vmi_to_scheduled", "scheduled_to_launch",
                                "launch_to_running") for figure in ("p50", "max"))):

@@ -341,8 +341,8 @@ class Client:
 
     async def query(self, kind: str, namespace: str = "", name: str = "",
                     after: int = 0) -> list[dict[str, Any]]:
-        query = Query(kind=kind, namespace=namespace, name=name, after=after)
-        return (await self._ask("get", query, Answer)).items
+        return await self._listed(Query(kind=kind, namespace=namespace, name=name,
+                                        after=after))
 
     async def get(self, kind: str, namespace: str, name: str, after: int = 0) -> dict[str, Any]:
         items = await self.query(kind, namespace, name, after)
@@ -355,8 +355,18 @@ class Client:
                        name: str = "") -> list[dict[str, Any]]:
         """Objects as they stood at a sequence or an instant (the read service rebuilds them
         from the log)."""
-        query = Query(kind=kind, namespace=namespace, name=name, at=at)
-        return (await self._ask("get", query, Answer)).items
+        return await self._listed(Query(kind=kind, namespace=namespace, name=name, at=at))
+
+    async def _listed(self, query: Query) -> list[dict[str, Any]]:
+        """Every page of a `get` answer (a list too large for one message comes in pages,
+        all of one state: `projections.paging`)."""
+        items: list[dict[str, Any]] = []
+        while True:
+            answer = await self._ask("get", query, Answer)
+            items += answer.items
+            if not answer.continue_:
+                return items
+            query = msgspec.structs.replace(query, continue_=answer.continue_)
 
     async def watch(self, kind: str, namespace: str = "", name: str = "",
                     since: int | datetime | None = None) -> AsyncIterator[Change]:

@@ -34,10 +34,20 @@ from tests.system.harness import (
 )
 
 KINDS = ("VirtualMachine", "VirtualMachineInstance", "Node")
+NAMES = ("a", "b", "c", "late", "last")
 
 
 async def at(vb: Client, sequence: int) -> dict[str, list[dict[str, Any]]]:
-    return {kind: await vb.query_at(sequence, kind) for kind in KINDS}
+    """Every object of `KINDS` at `sequence`, and each VM and VMI by name: a named read
+    (its object's own subjects, no snapshot) is the same as that object in the list (the
+    whole cluster, from a snapshot and the tail)."""
+    listed = {kind: await vb.query_at(sequence, kind) for kind in KINDS}
+    for kind in KINDS[:2]:
+        for name in NAMES:
+            named = await vb.query_at(sequence, kind, "default", name)
+            assert named == [o for o in listed[kind] if o["metadata"]["name"] == name], \
+                (kind, name, sequence)
+    return listed
 
 
 async def watched(vb: Client, since: int, until: int) -> list[tuple[int, Any]]:
