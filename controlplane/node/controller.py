@@ -34,6 +34,7 @@ from nats.js.kv import KeyValue
 
 from controlplane.controllers import derived_command
 from controlplane.defaults import HEARTBEAT_READ_WAIT_SECONDS, NODE_MONITOR_GRACE_SECONDS
+from events.aio import unless_stopped
 from events.messages import Command
 from events.subjects import Layout, decode_token
 from events.transient import describe
@@ -72,24 +73,19 @@ class NodeLifecycle:
         replayed_up_to = (await kv.status()).stream_info.state.last_seq
         self._taken(replayed_up_to)
         watcher = await kv.watchall()
-        stopping = asyncio.ensure_future(self._stop_when(stop, watcher))
         try:
-            async for entry in watcher:
-                if entry is None:  # the end of the replay
-                    continue
-                revision = entry.revision or 0
-                if entry.operation is None and revision > replayed_up_to:
-                    self.last_seen[decode_token(entry.key)] = time.monotonic()
-                self._taken(revision)
+            await unless_stopped(self._take_in(watcher, replayed_up_to), stop)
         finally:
-            if not stopping.done():
-                stopping.cancel()
-                await watcher.stop()
+            await watcher.stop()
 
-    @staticmethod
-    async def _stop_when(stop: asyncio.Event, watcher: KeyValue.KeyWatcher) -> None:
-        await stop.wait()
-        await watcher.stop()
+    async def _take_in(self, watcher: KeyValue.KeyWatcher, replayed_up_to: int) -> None:
+        async for entry in watcher:
+            if entry is None:  # the end of the replay
+                continue
+            revision = entry.revision or 0
+            if entry.operation is None and revision > replayed_up_to:
+                self.last_seen[decode_token(entry.key)] = time.monotonic()
+            self._taken(revision)
 
     def _taken(self, revision: int) -> None:
         if revision > self.read_revision:
