@@ -13,7 +13,8 @@ VMI scheduled to its launch published; the answer's time is when it was decided,
 command waiting to be written counts), `max_dispatch_lag_ms` (the last alone),
 `step_<step>_p50_ms` / `_max_ms` (each step's median and largest: VM created to VMI created, VMI
 created to scheduled, scheduled to launch published, launch to Running),
-`peak_rss_mb_<process>` (controlplane, projections, fleet, nats, bench),
+`peak_rss_mb_<process>` (controlplane, projections, fleet, nats, bench), `nodes_not_ready`
+(NotReady transitions during the run: every simulated node is healthy, so each is false),
 `events` in the log, the control plane's cold restart to live with and without snapshots
 (`restart_live_s_snapshots`, `restart_live_s_no_snapshots`), `get_at_ms` /
 `get_at_ms_no_snapshots` (every VM, all pages, the worst of a few past instants; null when
@@ -51,6 +52,7 @@ from events.connect import Access
 from events.directget import read_all
 from events.logs import configure
 from events.messages import NodeCommand
+from events.nodes import NodeNotReady
 from events.server import EmbeddedNats, free_port
 from events.streams import prepare_streams
 from events.subjects import Layout, split_aggregate_id
@@ -92,9 +94,13 @@ class Timeline:
         self.running: dict[str, float] = {}
         self.running_at: dict[str, datetime] = {}
         self.launched: dict[str, datetime] = {}
+        self.nodes_not_ready = 0
+        """NotReady transitions: every node of the fleet is healthy, so each is a false one."""
         self.changed = asyncio.Event()
 
     async def on_event(self, _sequence: int, event: Event) -> None:
+        if isinstance(event, NodeNotReady):
+            self.nodes_not_ready += 1
         _, namespace, name = split_aggregate_id(event.originator_id)
         if namespace != NAMESPACE:
             return
@@ -295,6 +301,7 @@ async def measure(args: argparse.Namespace, data: Path, server: EmbeddedNats) ->
            for q in (50, 95, 99)},
         "max_controller_lag_ms": round(max(lags) * 1000, 1) if lags else 0.0,
         "max_dispatch_lag_ms": round(max(dispatch_lags) * 1000, 1) if dispatch_lags else 0.0,
+        "nodes_not_ready": timeline.nodes_not_ready,
         **{f"step_{step}_{figure}_ms": round(value * 1000, 1)
            for step, seconds in timeline.steps().items() if seconds
            for figure, value in (("p50", percentile(seconds, 50)), ("max", max(seconds)))},

@@ -10,6 +10,9 @@ NODE_MONITOR_GRACE_SECONDS: Final = 20.0
 """A node whose agent has not heartbeated for this long becomes NotReady (kube: 40s)."""
 NODE_MONITOR_PERIOD_SECONDS: Final = 1.0
 """How often the node lifecycle controller looks at heartbeats."""
+HEARTBEAT_READ_WAIT_SECONDS: Final = 1.0
+"""How long a node-monitor round waits for its heartbeat watch to take in every beat put
+before the round began; a watch later than that judges no node this round."""
 WORK_CONSUMERS_CHECK_SECONDS: Final = 5.0
 """How often the control plane looks for node work consumers that are gone (and sets them up
 again), and how long it waits for the list."""

@@ -184,9 +184,11 @@ class ControlLoop:
                 lifecycle.started = now
                 lifecycle.last_seen = dict.fromkeys(lifecycle.last_seen, now)
             else:
-                # Transitions first, folded in, so the fails see this round's NotReady.
-                await self.execute(self.lifecycle.transitions(self.state))
-                await self.execute(self.lifecycle.failures(self.state))
+                judged_at = await self.lifecycle.judgement_time(self.state)
+                if judged_at is not None:
+                    # Transitions first, folded in, so the fails see this round's NotReady.
+                    await self.execute(self.lifecycle.transitions(self.state, judged_at))
+                    await self.execute(self.lifecycle.failures(self.state, judged_at))
                 # Eviction batches are due by the clock, not by an event.
                 await self.execute(self.workload_updater.tick(self.state, datetime.now(UTC)))
             last = time.monotonic()

@@ -14,21 +14,30 @@ fails only what the log already shows on a NotReady node (the loop runs `transit
 first and folds them in), so a VMI is never failed while its node still looks Ready to
 the scheduler. One atomic append of the transition with the fails would not make this
 simpler: a VMI placed on the node while it was decided would still need the next round.
+
+A beat is dated when the control plane takes it in, not by the agent's clock, and a node is
+judged only at an instant up to which every beat put is taken in (`judgement_time`): a
+control plane too busy to read its heartbeats (at 10,000 VMs its watch fell 40 s behind while
+the agents beat on time) knows nothing about its nodes, and declares none lost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import structlog
 from nats.aio.client import Client
+from nats.errors import Error as NatsError
 from nats.js.kv import KeyValue
 
 from controlplane.controllers import derived_command
-from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS
+from controlplane.defaults import HEARTBEAT_READ_WAIT_SECONDS, NODE_MONITOR_GRACE_SECONDS
+from events.aio import unless_stopped
 from events.messages import Command
 from events.subjects import Layout, decode_token
+from events.transient import describe
 from events.vm import NODE_UNRESPONSIVE
 from projections.cluster import ClusterState
 
@@ -45,41 +54,86 @@ class NodeLifecycle:
         self.grace = grace_seconds
         self.last_seen: dict[str, float] = {}
         self.started = time.monotonic()
+        self.read_revision = 0
+        """The bucket's last revision the watch has taken in."""
+        self._read_advanced = asyncio.Event()
 
     async def watch(self, stop: asyncio.Event) -> None:
-        """Record when each node's heartbeat was last put.
+        """Record when each node's heartbeat was taken in.
 
         A watch starts with the last value of every key, put at some time before: a node
         dead since then would look fresh, at each re-subscription (after NATS failed the
         watch) and at start. So only a value put after the watch began (a revision above
-        the bucket's last when it began) is a beat; the replayed ones are not."""
+        the bucket's last when it began) is a beat; the replayed ones are not.
+
+        Every entry queued is taken in one turn of the event loop (the watcher's iterator
+        does not yield while it has some): one entry per turn fell behind 50 beats/s on a
+        loop whose turns the controllers make long."""
         kv: KeyValue = await self.nc.jetstream().key_value(self.layout.heartbeats_bucket)
         replayed_up_to = (await kv.status()).stream_info.state.last_seq
+        self._taken(replayed_up_to)
         watcher = await kv.watchall()
         try:
-            while not stop.is_set():
-                try:
-                    entry = await watcher.updates(timeout=1.0)
-                except TimeoutError:
-                    continue
-                if (entry is not None and entry.operation is None
-                        and (entry.revision or 0) > replayed_up_to):
-                    self.last_seen[decode_token(entry.key)] = time.monotonic()
+            await unless_stopped(self._take_in(watcher, replayed_up_to), stop)
         finally:
             await watcher.stop()
+
+    async def _take_in(self, watcher: KeyValue.KeyWatcher, replayed_up_to: int) -> None:
+        async for entry in watcher:
+            if entry is None:  # the end of the replay
+                continue
+            revision = entry.revision or 0
+            if entry.operation is None and revision > replayed_up_to:
+                self.last_seen[decode_token(entry.key)] = time.monotonic()
+            self._taken(revision)
+
+    def _taken(self, revision: int) -> None:
+        if revision > self.read_revision:
+            self.read_revision = revision
+            self._read_advanced.set()
+
+    async def judgement_time(self, state: ClusterState) -> float | None:
+        """The instant nodes may be judged at: one before which every beat put has been
+        taken in, so a node silent then is silent, not unread. Now, when every node beat
+        within the grace as far as the watch knows (nothing to confirm); else the moment
+        the bucket's last revision was asked, once the watch has taken it in. None (one
+        log line) when the watch is still behind after `HEARTBEAT_READ_WAIT_SECONDS`, or
+        NATS cannot say: a control plane late reading its heartbeats learns nothing about
+        its nodes from the silence."""
+        asked = time.monotonic()
+        if all(self.fresh(node.name, asked) for node in state.nodes()):
+            return asked
+        stream = f"KV_{self.layout.heartbeats_bucket}"
+        try:
+            last = (await self.nc.jetstream().stream_info(stream)).state.last_seq
+        except (TimeoutError, NatsError) as e:
+            log.warning("heartbeats' last revision unknown; no node judged this round",
+                        error=describe(e))
+            return None
+        deadline = asked + HEARTBEAT_READ_WAIT_SECONDS
+        while self.read_revision < last and time.monotonic() < deadline:
+            self._read_advanced.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._read_advanced.wait(), deadline - time.monotonic())
+        if self.read_revision < last:
+            log.warning("heartbeats read late; no node judged this round",
+                        revisions_behind=last - self.read_revision)
+            return None
+        return asked
 
     def fresh(self, node: str, now: float) -> bool:
         """Whether `node` beat within the grace; a control plane that just started grants
         every node a grace."""
         return now - self.last_seen.get(node, self.started) < self.grace
 
-    def transitions(self, state: ClusterState) -> list[Command]:
-        """Ready / NotReady transitions due now."""
-        now = time.monotonic()
+    def transitions(self, state: ClusterState, now: float) -> list[Command]:
+        """Ready / NotReady transitions due at `now` (a `judgement_time`)."""
         commands: list[Command] = []
         for node in state.nodes():
             fresh = self.fresh(node.name, now)
             if node.ready and not fresh:
+                log.warning("node silent for the grace; NotReady", node=node.name,
+                            silent_s=round(now - self.last_seen.get(node.name, self.started), 1))
                 commands.append(derived_command(NAME, "Node", "not-ready", "", node.name,
                                                 node.version,
                                                 manifest={"reason": "NodeStatusUnknown"}))
@@ -88,10 +142,9 @@ class NodeLifecycle:
                                                 node.version))
         return commands
 
-    def failures(self, state: ClusterState) -> list[Command]:
-        """A fail for every active VMI of every node that is NotReady and still silent,
-        each round until it is failed (see above)."""
-        now = time.monotonic()
+    def failures(self, state: ClusterState, now: float) -> list[Command]:
+        """A fail for every active VMI of every node that is NotReady and still silent at
+        `now` (a `judgement_time`), each round until it is failed (see above)."""
         commands: list[Command] = []
         for node in state.nodes():
             if node.ready or self.fresh(node.name, now):

@@ -14,6 +14,9 @@ from events.vm import NODE_UNRESPONSIVE
 from tests.store.helpers import SyncHandler
 from tests.store.scheduling_helpers import Cluster
 
+NOW = 0.0
+"""The instant rounds judge at: any, since the controller never heard from `n1`."""
+
 
 def lost_node_with_a_vmi(handler: SyncHandler) -> tuple[Cluster, NodeLifecycle]:
     """Node `n1` running VMI `v`, and a lifecycle controller that never heard from it."""
@@ -30,19 +33,19 @@ def lost_node_with_a_vmi(handler: SyncHandler) -> tuple[Cluster, NodeLifecycle]:
 def test_a_lost_nodes_vmis_are_failed_every_round_until_they_are(
         handler: SyncHandler) -> None:
     c, lifecycle = lost_node_with_a_vmi(handler)
-    assert lifecycle.failures(c.state) == [], "not while the node is Ready in the log"
-    [not_ready] = lifecycle.transitions(c.state)
+    assert lifecycle.failures(c.state, NOW) == [], "not while the node is Ready in the log"
+    [not_ready] = lifecycle.transitions(c.state, NOW)
     c.run(not_ready)
-    assert lifecycle.transitions(c.state) == []
+    assert lifecycle.transitions(c.state, NOW) == []
 
-    [fail] = lifecycle.failures(c.state)
-    [again] = lifecycle.failures(c.state)  # a round later, or a control plane restarted
+    [fail] = lifecycle.failures(c.state, NOW)
+    [again] = lifecycle.failures(c.state, NOW)  # a round later, or a control plane restarted
     assert (fail.verb, again.id) == ("fail", fail.id)
     first = c.run(fail).outcome
     assert handler.execute(again).outcome == first
     view = c.state.vmi("default", "v")
     assert view is not None and (view.phase, view.reason) == ("Failed", NODE_UNRESPONSIVE)
-    assert lifecycle.failures(c.state) == []
+    assert lifecycle.failures(c.state, NOW) == []
 
 
 def test_a_vmi_whose_deletion_waits_for_its_lost_node_is_deleted_when_failed(
@@ -51,8 +54,8 @@ def test_a_vmi_whose_deletion_waits_for_its_lost_node_is_deleted_when_failed(
     c.run(Command(id=str(uuid.uuid4()), actor="user:erin", kind="VirtualMachineInstance",
                   verb="delete", namespace="default", name="v"))
     assert c.state.vmi("default", "v") is not None, "waiting for its node to stop it"
-    [not_ready] = lifecycle.transitions(c.state)
+    [not_ready] = lifecycle.transitions(c.state, NOW)
     c.run(not_ready)
-    [fail] = lifecycle.failures(c.state)
+    [fail] = lifecycle.failures(c.state, NOW)
     c.run(fail)
     assert c.state.vmi("default", "v") is None

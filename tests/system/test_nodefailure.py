@@ -11,6 +11,7 @@ instances of the VM's VMI and one of the standalone's."""
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from typing import Any
 
@@ -120,7 +121,7 @@ async def not_ready_as_the_controller_decides(writer: Writer, node: str) -> None
     state.views[view.id] = view
     lifecycle = NodeLifecycle(log.nc, log.layout)
     lifecycle.started = -math.inf  # every node silent since ever
-    [command] = lifecycle.transitions(state)
+    [command] = lifecycle.transitions(state, time.monotonic())
     assert command.verb == "not-ready"
     result = await writer.execute(command)
     assert result.outcome.accepted, result.outcome
