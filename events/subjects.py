@@ -20,6 +20,7 @@ test cases) live under `p.ev.uuid.<hex>`.
 from __future__ import annotations
 
 import base64
+import functools
 import re
 from typing import Final
 from uuid import UUID
@@ -52,7 +53,9 @@ def encode_token(value: str) -> str:
     return _ENCODED + raw
 
 
+@functools.lru_cache(maxsize=4096)
 def decode_token(token: str) -> str:
+    """A token's text (remembered: every command's subject names its actor's token)."""
     if not token.startswith(_ENCODED):
         return token
     raw = token[1:].upper()
