@@ -39,8 +39,10 @@ _PREFIX = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _ENCODED = "="
 
 
+@functools.lru_cache(maxsize=4096)
 def encode_token(value: str) -> str:
-    """A subject token for any string: DNS-1123 labels pass through, anything else is encoded.
+    """A subject token for any string: DNS-1123 labels pass through, anything else is encoded
+    (remembered: an actor's token is asked for at every one of its commands' outcomes).
 
     Encoded tokens start with `=`, which no DNS-1123 label can, so the mapping is reversible
     and the result is also a valid KV key.
