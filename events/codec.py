@@ -122,7 +122,7 @@ def encode_kept(event: Event) -> bytes:
     data = _encoder.encode(event)
     with _keeping:
         _kept[(event.topic(), data)] = event
-        if len(_kept) > KEPT_WRITES:
+        while len(_kept) > KEPT_WRITES:
             del _kept[next(iter(_kept))]
     return data
 

@@ -74,6 +74,7 @@ def test_kept_writes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Writes that never come back (a refused append) do not pile up: past `KEPT_WRITES`,
     the oldest is forgotten and decoded like any stored event."""
     monkeypatch.setattr(codec, "KEPT_WRITES", 2)
+    monkeypatch.setattr(codec, "_kept", {})
     written = [scheduled(v) for v in range(1, 4)]
     data = [codec.encode_kept(e) for e in written]
     first = decode(written[0].topic(), data[0])
