@@ -66,7 +66,7 @@ from nats.aio.msg import Msg
 
 from controlplane.aggregate import Aggregate, Cause
 from events.api.manifest import decode_object
-from events.codec import Event, encode
+from events.codec import Event, encode_kept
 from events.datastore import (
     AppendConflict,
     EventLog,
@@ -638,6 +638,6 @@ def _retrieved(done: asyncio.Future[Msg | None]) -> None:
 
 
 def _message(subject: str, event: Event, expect: int | None) -> Outgoing:
-    return Outgoing(subject, encode(event),
+    return Outgoing(subject, encode_kept(event),
                     event_headers(str(event.id), event.topic(), event.originator_version),
                     expect)

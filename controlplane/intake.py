@@ -35,7 +35,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.kv import KeyValue
 
 from controlplane.defaults import (
     INTAKE_CONCURRENCY,
@@ -47,6 +46,7 @@ from controlplane.defaults import (
 from controlplane.handling import INTERNAL_VERBS, Verdict
 from controlplane.writer import Writer
 from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped, unless_stopped
+from events.datastore import Outgoing
 from events.messages import (
     MAX_ID_LENGTH,
     SYSTEM_ACTOR_PREFIX,
@@ -253,16 +253,15 @@ class CommandIntake:
         self.layout = layout
         self.writer = writer
         self.policy = policy or Policy.open()
-        self.outcomes: KeyValue | None = None
         self.ready = ready
 
     async def run(self, stop: asyncio.Event) -> None:
         if not await _until_ready(self.ready, stop):
             return
-        self.outcomes = await retry_until_stopped(
+        bucket = await retry_until_stopped(  # there before any outcome is put in it
             lambda: self.nc.jetstream().key_value(self.layout.outcomes_bucket),
             "binding the outcomes bucket", stop)
-        if self.outcomes is None:  # stopped first
+        if bucket is None:  # stopped first
             return
         await Consumer(self.nc, self.layout, stream=self.layout.commands_stream,
                        subject=self.layout.commands_filter, durable=COMMANDS_CONSUMER,
@@ -272,11 +271,11 @@ class CommandIntake:
         command = decode_command(msg)
         verdict = admission_verdict(command, self.layout.command_actor(msg.subject),
                                     self.policy)
-        outcomes = self.outcomes
-        assert outcomes is not None, "run() binds the bucket first"
+        key = outcome_key(command.actor, command.id)
 
-        async def announce(outcome: Outcome) -> None:
-            await outcomes.put(outcome_key(command.actor, command.id), _encode(outcome))
+        async def announce(outcome: Outcome) -> None:  # a KV put, its ack decoded by msgspec
+            await self.writer.handler.log.publish([Outgoing(
+                f"$KV.{self.layout.outcomes_bucket}.{key}", _encode(outcome), {})])
 
         if verdict is not None:
             log.warning("command refused", command_id=command.id, actor=command.actor,

@@ -55,19 +55,31 @@ async def claimed(msg: Msg) -> AsyncIterator[None]:
     what becomes of the item. A claim that lapsed meanwhile only lets the item come again,
     which every consumer of work items answers as done."""
 
-    async def renew() -> None:
-        while True:
-            await asyncio.sleep(ACK_WAIT_SECONDS / 3)  # the renewal period itself
-            try:
-                await msg.in_progress()
-            except NatsError as e:
-                log.warning("claim of a work item not renewed", subject=msg.subject,
-                            error=str(e) or type(e).__name__)
+    loop = asyncio.get_running_loop()
+    period = ACK_WAIT_SECONDS / 3
+    timer: asyncio.TimerHandle
 
-    task = asyncio.ensure_future(renew())
+    def renew() -> None:  # a timer, not a task per item: most items end before the first
+        nonlocal timer
+        sending = asyncio.ensure_future(_renew(msg))
+        _renewals.add(sending)
+        sending.add_done_callback(_renewals.discard)
+        timer = loop.call_later(period, renew)
+
+    timer = loop.call_later(period, renew)
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        timer.cancel()
+
+
+_renewals: set[asyncio.Future[None]] = set()
+"""Renewals being sent (held here so none is collected mid-way)."""
+
+
+async def _renew(msg: Msg) -> None:
+    try:
+        await msg.in_progress()
+    except NatsError as e:
+        log.warning("claim of a work item not renewed", subject=msg.subject,
+                    error=str(e) or type(e).__name__)

@@ -107,6 +107,26 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
+KEPT_WRITES = 4096
+"""Events written by this process whose bytes are kept for `decode` (`encode_kept`)."""
+_kept: dict[tuple[str, bytes], Event] = {}
+_keeping = threading.Lock()
+
+
+def encode_kept(event: Event) -> bytes:
+    """`encode`, and the event kept for the first `decode` of these bytes: a process's own
+    writes come back from the log (its follower) as they went, not decoded again. The same
+    bytes decode to an equal event, and views never change what an event holds in place
+    (`View.copy`), so sharing it is safe. Kept writes that never come back (refused ones) are
+    forgotten, oldest first."""
+    data = _encoder.encode(event)
+    with _keeping:
+        _kept[(event.topic(), data)] = event
+        while len(_kept) > KEPT_WRITES:
+            del _kept[next(iter(_kept))]
+    return data
+
+
 def _build_decoder(cls: type[Event]) -> msgspec.msgpack.Decoder[Any]:
     """The class's decoder, built by one thread at a time: a process using the library's
     store (its bridge thread) and asyncio readers may first decode a class at once, and
@@ -121,6 +141,9 @@ def _build_decoder(cls: type[Event]) -> msgspec.msgpack.Decoder[Any]:
 
 def decode(topic: str, state: bytes) -> Event:
     """Decode a stored event, upcasting an old schema on the way."""
+    kept = _kept.pop((topic, state), None)  # one call: atomic against `encode_kept`
+    if kept is not None:
+        return kept
     name, schema = split_topic(topic)
     cls = event_class(name)
     if schema > cls.SCHEMA:

@@ -231,8 +231,8 @@ class EventLog:
 
     async def _send(self, messages: Sequence[Outgoing]) -> _PubAck:
         nc = self.nc
-        batch = uuid.uuid4().hex
         last = len(messages)
+        batch = uuid.uuid4().hex if last > 1 else ""
         try:
             for n, out in enumerate(messages, 1):
                 headers = dict(out.headers)

@@ -20,6 +20,7 @@ test cases) live under `p.ev.uuid.<hex>`.
 from __future__ import annotations
 
 import base64
+import functools
 import re
 from typing import Final
 from uuid import UUID
@@ -38,8 +39,10 @@ _PREFIX = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _ENCODED = "="
 
 
+@functools.lru_cache(maxsize=4096)
 def encode_token(value: str) -> str:
-    """A subject token for any string: DNS-1123 labels pass through, anything else is encoded.
+    """A subject token for any string: DNS-1123 labels pass through, anything else is encoded
+    (remembered: an actor's token is asked for at every one of its commands' outcomes).
 
     Encoded tokens start with `=`, which no DNS-1123 label can, so the mapping is reversible
     and the result is also a valid KV key.
@@ -52,7 +55,9 @@ def encode_token(value: str) -> str:
     return _ENCODED + raw
 
 
+@functools.lru_cache(maxsize=4096)
 def decode_token(token: str) -> str:
+    """A token's text (remembered: every command's subject names its actor's token)."""
     if not token.startswith(_ENCODED):
         return token
     raw = token[1:].upper()

@@ -53,6 +53,35 @@ def test_an_old_schema_is_upcast_when_read_back_from_the_store(nats_url: str,
         factory.close()
 
 
+def scheduled(version: int) -> VirtualMachineInstanceScheduled:
+    return VirtualMachineInstanceScheduled(
+        originator_id="vmi.default.kept", originator_version=version, timestamp=AT,
+        actor="a", correlation_id="c", causation_id="k", node="n1")
+
+
+def test_an_event_this_process_wrote_is_read_back_as_written_once() -> None:
+    """`encode_kept`: the first decode of the written bytes hands back the event itself (the
+    follower folds the process's own writes without decoding them again); later reads of the
+    same bytes decode them, to an equal event."""
+    event = scheduled(1)
+    data = codec.encode_kept(event)
+    assert decode(event.topic(), data) is event
+    again = decode(event.topic(), data)
+    assert again == event and again is not event
+
+
+def test_kept_writes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes that never come back (a refused append) do not pile up: past `KEPT_WRITES`,
+    the oldest is forgotten and decoded like any stored event."""
+    monkeypatch.setattr(codec, "KEPT_WRITES", 2)
+    monkeypatch.setattr(codec, "_kept", {})
+    written = [scheduled(v) for v in range(1, 4)]
+    data = [codec.encode_kept(e) for e in written]
+    first = decode(written[0].topic(), data[0])
+    assert first == written[0] and first is not written[0]
+    assert decode(written[2].topic(), data[2]) is written[2]
+
+
 def test_current_schema_round_trips_with_a_stable_name_and_id() -> None:
     event = VirtualMachineInstanceScheduled(
         originator_id="vmi.default.x", originator_version=3, timestamp=AT, actor="a",

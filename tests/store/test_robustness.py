@@ -246,6 +246,41 @@ async def test_work_done_while_its_claim_cannot_be_renewed_is_not_dead_lettered(
             again.stop()
 
 
+async def test_work_longer_than_the_ack_wait_keeps_its_claim(
+        server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message worked on for three ack waits has its claim renewed meanwhile (`claimed`),
+    so the server does not hand it out again while it is worked on."""
+    monkeypatch.setattr(events.aio, "ACK_WAIT_SECONDS", RENEWAL_ACK_WAIT_SECONDS)
+    monkeypatch.setattr(controlplane.intake, "ACK_WAIT_SECONDS", RENEWAL_ACK_WAIT_SECONDS)
+    layout = Layout("rk")
+    nc = await connect(server.url, "test-claim-kept")
+    stop = asyncio.Event()
+    running: asyncio.Future[None] | None = None
+    deliveries: list[int] = []
+
+    async def work(msg: Msg) -> None:
+        deliveries.append(msg.metadata.num_delivered)
+        await asyncio.sleep(3 * RENEWAL_ACK_WAIT_SECONDS)  # the work's own duration
+
+    async def settled() -> bool:
+        info = await nc.jetstream().consumer_info(layout.commands_stream, "test")
+        return info.ack_floor is not None and info.ack_floor.stream_seq == 1
+
+    try:
+        await ensure_all(nc.jetstream(), layout, 1)
+        consumer = Consumer(nc, layout, stream=layout.commands_stream,
+                            subject=layout.commands_filter, durable="test", work=work)
+        running = asyncio.ensure_future(consumer.run(stop))
+        await nc.jetstream().publish(layout.command_subject("user:t", "vm", "apply"), b"x")
+        await eventually(settled, what="the message acknowledged")
+        assert deliveries == [1]
+    finally:
+        stop.set()
+        if running is not None:
+            await running
+        await nc.close()
+
+
 async def now(value: bool) -> bool:
     """A condition read as it is now, for `eventually`."""
     return value
