@@ -50,6 +50,9 @@ class Query(msgspec.Struct, frozen=True, kw_only=True):
     name: str = ""
     after: int = 0
     at: int | datetime | None = None
+    node: str = ""
+    """VMIs only: those placed on this node ('' for all), as virt-handler lists its own
+    with the `kubevirt.io/nodeName` selector: a node agent's list stays its node's size."""
     continue_: str = msgspec.field(default="", name="continue")
     """The token of the page to answer, from the answer before (`projections.paging`)."""
 
@@ -172,9 +175,17 @@ def query_asker(layout: Layout, subject: str) -> tuple[str, str]:
 
 async def ask(nc: Client, layout: Layout, query: Query, asker: str,
               timeout: float = QUERY_TIMEOUT_SECONDS) -> Answer:
-    """Send a `get` query to the read service as `asker` and decode its answer (an `error`
-    in it is left to the caller; a missing service raises as `nc.request` does)."""
-    return await ask_verb(nc, layout, asker, "get", query, answer=Answer, timeout=timeout)
+    """Send a `get` query to the read service as `asker` and decode its answer, every page
+    of it (`projections.paging`) as one; an `error` in it is left to the caller, and a
+    missing service raises as `nc.request` does."""
+    answer = await ask_verb(nc, layout, asker, "get", query, answer=Answer, timeout=timeout)
+    items = answer.items
+    while answer.continue_ and not answer.error:
+        answer = await ask_verb(nc, layout, asker, "get",
+                                msgspec.structs.replace(query, continue_=answer.continue_),
+                                answer=Answer, timeout=timeout)
+        items = items + answer.items
+    return msgspec.structs.replace(answer, items=items)
 
 
 async def ask_verb(nc: Client, layout: Layout, asker: str, verb: Verb, query: msgspec.Struct,

@@ -413,7 +413,7 @@ class NodeAgent:
         deadline = time.monotonic() + self.cfg.read_service_wait_seconds
         while True:
             try:
-                answer = await self._query(VMI_KIND)
+                answer = await self._query(Query(kind=VMI_KIND, node=self.cfg.node))
                 break
             except ReadServiceUnavailable:
                 if time.monotonic() >= deadline:
@@ -428,13 +428,13 @@ class NodeAgent:
                 out[meta["uid"]] = (ref, phase, item)
         return out
 
-    async def _query(self, kind: str) -> Answer:
+    async def _query(self, query: Query) -> Answer:
         """Ask the read service, as of the log's end now."""
         assert self.nc is not None
         try:
             info = await self.nc.jetstream().stream_info(self.layout.events_stream)
             answer = await ask(self.nc, self.layout,
-                               Query(kind=kind, after=info.state.last_seq),
+                               msgspec.structs.replace(query, after=info.state.last_seq),
                                node_actor(self.cfg.node))
         except Exception as e:  # no read service (yet), or NATS failing for a moment
             if not is_transient(e):
@@ -499,7 +499,7 @@ class NodeAgent:
         from the effective KubeVirt CR, as virt-handler does; keep the current ones while the
         read service cannot say."""
         try:
-            answer = await self._query(KUBEVIRT_KIND)
+            answer = await self._query(Query(kind=KUBEVIRT_KIND))
         except ReadServiceUnavailable:
             return
         if not answer.items:

@@ -38,7 +38,8 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
         case "VirtualMachineInstance":
             for vmi in state.vmis():
                 meta = vmi.metadata
-                if _matches(query, meta.namespace, meta.name):
+                if _matches(query, meta.namespace, meta.name) and (
+                        not query.node or vmi.node == query.node):
                     out.append(render_vmi(vmi, outdated=outdated_launcher(state, vmi)))
         case "VirtualMachineInstanceMigration":
             for migration in state.migrations():

@@ -286,7 +286,7 @@ class ReadService:
             continued = parse_continue(query.continue_)
         except ValueError as e:
             raise Refused(MALFORMED, str(e)) from None
-        key = (asker, query.kind, query.namespace, query.name, query.at is None)
+        key = (asker, query.kind, query.namespace, query.name, query.node, query.at is None)
         listed = None if continued is None else self.pages.get(key, continued.sequence)
         rebuild_at = continued.sequence if continued is not None else query.at
         if listed is None and rebuild_at is not None:

@@ -1,7 +1,8 @@
 """A `get` answer too large for one NATS message comes a page at a time (`continue`, as
 kube-apiserver pages a list), and every page is cut from the first page's state: an object
 created between two pages is in none of them, whether the list was still kept or had to be
-rendered again at its sequence."""
+rendered again at its sequence. `events.query.ask` (a node agent's reads) takes every page,
+and a node's list of VMIs holds only that node's."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ import pytest
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 
+from events import query as queries
 from events.connect import connect
 from events.query import Answer, Query, query_subject
 from events.streams import ensure_all
 from events.subjects import Layout
 from projections.paging import ListPages
+from projections.rendering import render
 from projections.service import MALFORMED, QUERIES_REFUSED, ReadService
 from tests.store.helpers import SyncHandler, register
+from tests.store.scheduling_helpers import Cluster
 
 PAGE_BYTES = 1000
 """Two nodes a page (each about 500 bytes)."""
@@ -92,6 +96,31 @@ async def test_a_token_it_did_not_give_is_refused_naming_continue(
     assert answer.error.startswith("continue: ") and not answer.items
     assert reads.registry.get_sample_value(f"{QUERIES_REFUSED}_total",
                                            {"reason": MALFORMED}) == 1
+
+
+async def test_ask_takes_every_page_of_a_list(
+        service: tuple[ReadService, Client, Layout]) -> None:
+    """A node agent that read only a first page would take the VMIs on the others for gone
+    and remove their guests: `ask` answers the whole list."""
+    _, nc, layout = service
+    answer = await queries.ask(nc, layout, Query(kind="Node"), "user:test")
+    assert not answer.error and not answer.continue_
+    assert names(answer.items) == [f"n{i}" for i in range(7)]
+
+
+def test_a_nodes_list_of_vmis_holds_only_that_nodes(handler: SyncHandler) -> None:
+    cluster = Cluster(handler)
+    for node in ("a", "b"):
+        cluster.node(node)
+    for i in range(6):
+        cluster.vmi(f"vm-{i}")
+    cluster.schedule()
+    placed = {f"vm-{i}": cluster.node_of(f"vm-{i}") for i in range(6)}
+    assert set(placed.values()) == {"a", "b"}
+    for node in ("a", "b"):
+        listed = render(cluster.state, Query(kind="VirtualMachineInstance", node=node))
+        assert names(listed) == sorted(n for n, on in placed.items() if on == node)
+        assert {item["status"]["nodeName"] for item in listed} == {node}
 
 
 async def _head(reads: ReadService) -> int:
