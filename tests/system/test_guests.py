@@ -29,6 +29,11 @@ from tests.system.harness import (
     vmi_phase,
 )
 
+NODE_GRACE_SECONDS = 10.0
+"""Longer than an agent's restart after `kill -9` on a busy machine (its interpreter, libvirt
+and discovery start before its first heartbeat): the restarted agent must adopt its guest,
+not find it failed for a silence that was only its own start."""
+
 
 class Run:
     def __init__(self, code: int, out: str, err: str) -> None:

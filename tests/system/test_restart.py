@@ -30,6 +30,12 @@ async def snapshot(vb: Client, after: int) -> dict[str, list[dict[str, Any]]]:
     return {kind: await vb.query(kind, after=after) for kind in KINDS}
 
 
+RESTART_NODE_GRACE_SECONDS = 20.0
+"""virtbus up's own grace: every process starts again at once, and an agent's first heartbeat
+comes only after its interpreter, libvirt and discovery have started (seconds on a busy
+machine); a grace shorter than that would fail the guests this module shows adopted."""
+
+
 @contextlib.asynccontextmanager
 async def up_on(data_dir: Path, prefix: str, *, port: int = 0,
                 only: str = "") -> AsyncIterator[tuple[int, Client]]:
@@ -37,7 +43,7 @@ async def up_on(data_dir: Path, prefix: str, *, port: int = 0,
     `virtbus up` on that data directory, and a client; yields the port to start again on.
     Everything is stopped at the end."""
     server = EmbeddedNats(data_dir / "nats", port=port).start()
-    system = System(server.url, prefix, data_dir)
+    system = System(server.url, prefix, data_dir, node_grace=RESTART_NODE_GRACE_SECONDS)
     if only:
         system.start(only)
     else:
