@@ -15,6 +15,7 @@ from controlplane.lease import Lease
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
 from events.aio import report_loop_errors, together, unless_stopped
+from events.api.resources import load_quantity_parser
 from events.connect import Access, connect_unless_stopped, shown
 from events.policy import Policy
 from events.streams import ensure_all
@@ -32,6 +33,7 @@ async def serve(access: Access | str, layout: Layout, *, replicas: int = 1,
                 policy: Policy | None = None) -> bool:
     """Lead (once the lease is ours) until `stop`; False if the lease was lost instead."""
     stop = stop or asyncio.Event()
+    load_quantity_parser()  # now, not on the loop of the first decision after a takeover
     access = access if isinstance(access, Access) else Access(access)
     nc = await connect_unless_stopped(access, f"{layout.prefix}-controlplane", stop)
     if nc is None:

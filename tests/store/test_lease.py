@@ -1,7 +1,8 @@
 """The lease, renewal by renewal: a leader resumed after another one led never takes the lease
 back, even once the other's key has expired too (it would lead on its stale state); a
 leader whose key expired while nobody else led takes it again; a renewal whose answer was
-lost is recognised as the leader's own.
+lost is recognised as the leader's own; a standby loads what its first decision needs before
+it leads.
 
 The key's expiry is modelled by deleting its message, which is what the bucket's TTL does
 (the key absent, the stream's last sequence unchanged): no test waits out the TTL. The
@@ -16,11 +17,15 @@ import pytest
 from nats.aio.client import Client as Nats
 from nats.js.api import DiscardPolicy, StreamConfig
 from nats.js.kv import KeyValue
+from structlog.testing import capture_logs
 
 from controlplane.lease import LEASE_KEY, Lease
+from controlplane.service import serve
+from events.api.resources import _quantity_parser
 from events.connect import connect
-from events.streams import LEASE_TTL
+from events.streams import LEASE_TTL, ensure_all
 from events.subjects import Layout
+from tests.system.harness import eventually
 
 
 @pytest.fixture
@@ -84,3 +89,25 @@ async def test_a_leader_keeps_what_is_its_own(nc: Nats, kv: KeyValue, prefix: st
     assert await Lease(nc, layout, "cp-b").acquire(stop)
     assert not await lease.renew(kv)
     assert await holder(kv) == "cp-b"
+
+
+async def test_a_standby_pays_for_its_first_decision_before_it_leads(
+        nats_url: str, nc: Nats, prefix: str) -> None:
+    """What the first decision needs and loads on first use (kubernetes' quantity parser:
+    half a second of CPU on the event loop) is loaded while standing by, not right after
+    taking the lease, when a stalled loop renews late."""
+    layout, stop = Layout(prefix), asyncio.Event()
+    await ensure_all(nc.jetstream(), layout)
+    assert await Lease(nc, layout, "cp-a").acquire(stop)
+    _quantity_parser.cache_clear()
+    with capture_logs() as logs:
+        standby = asyncio.ensure_future(serve(nats_url, layout, holder="cp-b", stop=stop))
+        try:
+            async def standing_by() -> bool:
+                return any(r["event"].startswith("standing by") for r in logs)
+
+            await eventually(standing_by, what="the standby waiting for the lease")
+            assert _quantity_parser.cache_info().currsize == 1
+        finally:
+            stop.set()
+            assert await standby  # stopped, not lost
