@@ -145,7 +145,11 @@ class Consumer:
                 if not woke:  # no word from the server for a whole pull: ask afresh
                     self._asked = 0
         finally:
-            await sub.unsubscribe()
+            try:
+                await sub.unsubscribe()
+            except NatsError as e:  # the connection closed or lost: no interest left anyway
+                log.debug("intake's inbox not unsubscribed", stream=self.stream,
+                          error=str(e) or type(e).__name__)
             await asyncio.gather(*self._running, return_exceptions=True)
 
     async def _arrived(self, msg: Msg) -> None:

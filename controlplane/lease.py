@@ -5,8 +5,11 @@ back at once instead of waiting out the TTL.
 
 A renewal NATS cannot take now (a server of the cluster lost, the bucket's leader being
 elected) is tried again soon, never a reason to stop: the lease is lost only when another
-replica holds it. A renewal whose answer was lost (stored, but the revision unknown) is
-recognised by the value: ours still, it is renewed from there."""
+replica holds it, or held it since this one's last renewal. A renewal whose answer was lost
+(stored, but the revision unknown) is recognised by the value: ours still, it is renewed
+from there. A key that expired under its leader (a process stopped or starved past the TTL)
+is created again by that leader only if the bucket took no write since its last renewal:
+otherwise another replica led meanwhile, and a leader resumed on its stale state stops."""
 
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ import asyncio
 
 import structlog
 from nats.aio.client import Client
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.api import Header
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from events.aio import pause_unless_stopped
@@ -26,6 +30,8 @@ log = structlog.get_logger(__name__)
 
 LEASE_KEY = "controlplane"
 RENEW_PERIOD = LEASE_TTL / 3
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code for a publish whose expected last (subject) sequence is not so."""
 
 
 class Lease:
@@ -89,14 +95,10 @@ class Lease:
             if stop.is_set():
                 return
             try:
-                try:
-                    self.revision = await kv.update(LEASE_KEY, self.holder.encode(),
-                                                    last=self.revision)
-                except KeyWrongLastSequenceError:
-                    if not await self._try(kv):  # not ours any more (else: taken back)
-                        log.error("lease lost; stopping", holder=self.holder)
-                        lost.set()
-                        return
+                if not await self.renew(kv):
+                    log.error("lease lost; stopping", holder=self.holder)
+                    lost.set()
+                    return
             except Exception as e:
                 if not is_transient(e):
                     raise
@@ -104,3 +106,44 @@ class Lease:
                 period = min(note("renewing the lease", e, attempt), RENEW_PERIOD)
                 continue
             attempt, period = 0, RENEW_PERIOD
+
+    async def renew(self, kv: KeyValue) -> bool:
+        """Renew from the revision this leader wrote last; False if the lease is not ours
+        any more: another replica holds it, or wrote it since (then expired), so this one
+        may have been stopped or starved past the TTL while another led."""
+        value = self.holder.encode()
+        try:
+            self.revision = await kv.update(LEASE_KEY, value, last=self.revision)
+            return True
+        except KeyWrongLastSequenceError:
+            pass
+        try:
+            entry = await kv.get(LEASE_KEY)
+        except KeyNotFoundError:
+            return await self._create_unless_written_since()
+        if entry.value != value:
+            return False
+        try:  # ours: a renewal whose answer was lost, stored at a revision we did not learn
+            self.revision = await kv.update(LEASE_KEY, value, last=entry.revision)
+        except KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def _create_unless_written_since(self) -> bool:
+        """The expired key created again, in one conditional write: absent, and nothing
+        written to the bucket (it holds this one key) since our revision. The condition is
+        the server's, so a standby creating it at the same moment wins or loses whole."""
+        headers = {Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: "0",
+                   Header.EXPECTED_LAST_SEQUENCE.value: str(self.revision)}
+        try:
+            ack = await self.nc.jetstream().publish(
+                f"$KV.{self.layout.leases_bucket}.{LEASE_KEY}", self.holder.encode(),
+                headers=headers)
+        except APIError as e:
+            if getattr(e, "err_code", None) == WRONG_LAST_SEQUENCE:
+                return False
+            raise
+        self.revision = ack.seq
+        log.warning("lease expired under its leader, nobody led meanwhile: taken again",
+                    holder=self.holder, revision=ack.seq)
+        return True

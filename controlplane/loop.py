@@ -42,7 +42,7 @@ from controlplane.replicaset.controller import ReplicaSetController
 from controlplane.vm.controller import VMController
 from controlplane.workloadupdate.controller import WorkloadUpdater
 from controlplane.writer import Writer
-from events.aio import pause_unless_stopped, unless_stopped
+from events.aio import pause_unless_stopped, together, unless_stopped
 from events.codec import Event
 from events.messages import Command
 from events.subjects import Layout
@@ -93,7 +93,7 @@ class ControlLoop:
         self.writer.handler.memory.views.update(
             {agg_id: view.copy() for agg_id, view in self.state.views.items()})
         log.info("control loop replaying", dispatcher_checkpoint=checkpoint, start=start)
-        await asyncio.gather(
+        await together(
             follow(self.nc, self.layout, self._on_event, start=start,
                    on_caught_up=self._caught_up, stop=stop),
             self._watch_heartbeats(stop),

@@ -14,7 +14,8 @@ from controlplane.intake import CommandIntake, ReportIntake
 from controlplane.lease import Lease
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
-from events.aio import unless_stopped
+from events.aio import report_loop_errors, together, unless_stopped
+from events.api.resources import load_quantity_parser
 from events.connect import Access, connect_unless_stopped, shown
 from events.policy import Policy
 from events.streams import ensure_all
@@ -32,6 +33,7 @@ async def serve(access: Access | str, layout: Layout, *, replicas: int = 1,
                 policy: Policy | None = None) -> bool:
     """Lead (once the lease is ours) until `stop`; False if the lease was lost instead."""
     stop = stop or asyncio.Event()
+    load_quantity_parser()  # now, not on the loop of the first decision after a takeover
     access = access if isinstance(access, Access) else Access(access)
     nc = await connect_unless_stopped(access, f"{layout.prefix}-controlplane", stop)
     if nc is None:
@@ -55,7 +57,7 @@ async def serve(access: Access | str, layout: Layout, *, replicas: int = 1,
                  authorization="policy" if policy is not None and policy.enforced else "open")
         watchers = [asyncio.ensure_future(halt_on(e)) for e in (stop, lost)]
         try:
-            await asyncio.gather(
+            await together(
                 CommandIntake(nc, layout, writer, policy, ready=loop.live).run(halt),
                 ReportIntake(nc, layout, writer, ready=loop.live).run(halt),
                 loop.run(halt),
@@ -74,8 +76,10 @@ def run(access: Access, layout: Layout, **kwargs: object) -> int:
 
     async def main() -> bool:
         stop = asyncio.Event()
+        running = asyncio.get_running_loop()
+        report_loop_errors(running)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+            running.add_signal_handler(sig, stop.set)
         return await serve(access, layout, stop=stop, **kwargs)  # type: ignore[arg-type]
 
     return 0 if asyncio.run(main()) else 1

@@ -40,6 +40,39 @@ async def unless_stopped(work: Awaitable[object], stop: asyncio.Event) -> bool:
     return ended
 
 
+async def together(*parts: Awaitable[object]) -> None:
+    """Run `parts` until all have ended. The first to fail cancels the others, which are
+    awaited before its error is raised: none outlives the caller, to fail later on the
+    connection the caller closes and be reported, with a traceback, at the loop's close
+    (`asyncio.gather` leaves them running)."""
+    tasks = [asyncio.ensure_future(part) for part in parts]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            task.cancel()
+        # What they meet on their way out is no failure of work stopped anyway.
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in tasks:
+        if task in done and not task.cancelled() and task.exception() is not None:
+            task.result()  # the first failure's own error
+
+
+def report_loop_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """What asyncio reports itself (an exception no task retrieved, a callback that
+    failed) as one log line, not the traceback its default handler prints."""
+
+    def report(_loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        error = context.get("exception")
+        task = context.get("task") or context.get("future")
+        coro = task.get_coro() if isinstance(task, asyncio.Task) else None
+        log.error(str(context.get("message", "asyncio error")),
+                  error=repr(error) if error is not None else None,
+                  coroutine=getattr(coro, "__qualname__", None))
+
+    loop.set_exception_handler(report)
+
+
 ACK_WAIT_SECONDS = 6.0
 """How long JetStream waits for an ack before redelivering: short, so work held by a process
 that died is taken up again soon after it restarts. Live work keeps its claim with

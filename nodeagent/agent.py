@@ -73,7 +73,7 @@ from nats.js.kv import KeyValue
 
 from events.aio import claimed, pause_unless_stopped, unless_stopped
 from events.api.hco_defaults import KUBEVIRT_MIN_CPU_MODEL
-from events.api.resources import vmi_resources
+from events.api.resources import load_quantity_parser, vmi_resources
 from events.api.validation import START_PAUSED
 from events.api.vm import VirtualMachineInstanceNetworkInterface, VirtualMachineInstanceSpec
 from events.connect import Access, connect
@@ -271,6 +271,7 @@ class NodeAgent:
         else on a connection of its own."""
         self.stop = stop
         quiet_libvirt_errors()
+        load_quantity_parser()  # now, not on the loop of the first launch, beside heartbeats
         loop = asyncio.get_running_loop()
         uri = self.cfg.libvirt_uri if self.host is None else self.host.uri
         start_event_loop()  # before the connection, or a remote one (qemu:///system) reads

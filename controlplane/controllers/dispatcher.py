@@ -261,8 +261,14 @@ class Dispatcher:
         return True
 
     async def _save(self, sequence: int) -> None:
-        assert self._checkpoints is not None, "load_checkpoint() first"
-        await self._checkpoints.put(CHECKPOINT_KEY, str(sequence).encode())
+        """The checkpoint, tried again while NATS cannot take it (the bucket's leader being
+        elected), so a batch published is never a reason to stop; not saved if stopped
+        first (its work is published again at the next start, and dropped by its ids)."""
+        checkpoints = self._checkpoints
+        assert checkpoints is not None, "load_checkpoint() first"
+        await retry_until_stopped(
+            lambda: checkpoints.put(CHECKPOINT_KEY, str(sequence).encode()),
+            "saving the dispatcher's checkpoint", self._stop, event_sequence=sequence)
 
     @staticmethod
     def node_commands(event: Event, state: ClusterState) -> list[tuple[str, str, NodeCommand]]:

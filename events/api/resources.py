@@ -77,6 +77,13 @@ def _quantity_parser() -> Callable[[Quantity], Decimal]:
     return parse
 
 
+def load_quantity_parser() -> None:
+    """For a long-running process, at its start: the first quantity parsed otherwise imports
+    kubernetes there, half a second of CPU on the event loop (seconds on a busy machine) in
+    the middle of a standby's takeover or an agent's first launch, its heartbeat held up."""
+    _quantity_parser()
+
+
 def quantity(value: Quantity) -> Decimal:
     """A Kubernetes quantity as a number; raises ValueError when it is not one."""
     return _quantity_parser()(value)

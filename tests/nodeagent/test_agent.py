@@ -22,7 +22,7 @@ import pytest
 
 from controlplane.hco.controller import HCOController
 from events.api import hco_defaults
-from events.api.resources import KVM_DEVICE, TUN_DEVICE
+from events.api.resources import KVM_DEVICE, TUN_DEVICE, _quantity_parser
 from events.messages import (
     Command,
     DomainObservation,
@@ -51,6 +51,19 @@ from tests.nodeagent.helpers import (
     reported_domain,
     start,
 )
+
+
+async def test_an_agent_pays_for_its_first_launch_before_it_beats(cluster: Cluster,
+                                                                 nats_url: str) -> None:
+    """What a launch needs and loads on first use (kubernetes' quantity parser: half a
+    second of CPU on the event loop, seconds on a busy host) is loaded at start, not at the
+    first launch, where it held every agent's heartbeat up past a short grace."""
+    _quantity_parser.cache_clear()
+    running = await start(cluster, nats_url)
+    try:
+        assert _quantity_parser.cache_info().currsize == 1
+    finally:
+        await running.close()
 
 
 async def test_restart_neither_loses_nor_duplicates_guests(

@@ -54,13 +54,19 @@ async def dispatch_the_log(nc: Nats, layout: Layout,
     starts it."""
     dispatcher = dispatcher or Dispatcher(nc, layout)
     await dispatcher.load_checkpoint()
+    await show_the_log(nc, layout, dispatcher)
+    await dispatcher.flush()
+
+
+async def show_the_log(nc: Nats, layout: Layout, dispatcher: Dispatcher) -> None:
+    """Every event of the log to `dispatcher`, which queues the work of those past its
+    position, as the control loop's follow does."""
     state = ClusterState()
     for msg in await read_all(nc, layout.events_stream, layout.events_filter()):
         event = read_event(msg)
         if event is not None:
             state.apply(event, sequence(msg))
             await dispatcher.on_event(sequence(msg), event, state)
-    await dispatcher.flush()
 
 
 def vmi_command(name: str, verb: str, manifest: dict[str, object]) -> Command:
@@ -182,6 +188,47 @@ async def test_the_checkpoint_never_passes_work_nats_has_not_taken(
         layout.events_stream)).state.last_seq
     await ensure_all(js, layout)
     await dispatch_the_log(nc, layout)
+    [launch] = await node_work(nc, layout)
+    assert _decode_node_command(launch.data).verb == "launch"
+
+
+async def test_a_checkpoint_nats_cannot_take_is_saved_once_it_can(nc: Nats,
+                                                                  prefix: str) -> None:
+    """The checkpoints bucket answers nothing (here: it is gone; one electing its leader
+    answers the same) when a batch has gone out: the save is tried again, one log line per
+    attempt, and made once the bucket answers; the dispatcher never stops for it."""
+    layout = Layout(prefix)
+    writer = Writer(nc, layout)
+    dispatcher = Dispatcher(nc, layout)
+    assert (await writer.execute(register_command("n1", devices=False))).outcome.accepted
+    await dispatch_the_log(nc, layout, dispatcher)  # the bucket bound, n1's consumer made
+    for command in (vmi_command("web", "apply", vmi_manifest("web")),
+                    vmi_command("web", "schedule", {"node": "n1"})):
+        assert (await writer.execute(command)).outcome.accepted
+    js = nc.jetstream()
+    before = await checkpoint(nc, layout)
+    await js.delete_stream(f"KV_{layout.checkpoints_bucket}")
+    stop = asyncio.Event()
+    with capture_logs() as logs:
+        publishing = asyncio.ensure_future(dispatcher.run(stop))
+        try:
+            await show_the_log(nc, layout, dispatcher)
+
+            async def retrying() -> bool:
+                return any(r["event"].startswith("saving the dispatcher's checkpoint")
+                           for r in logs)
+
+            await eventually(retrying, what="the checkpoint tried again")
+            await ensure_all(js, layout)  # the bucket answers again
+
+            async def saved() -> bool:  # past the launch's event
+                return await checkpoint(nc, layout) > before
+
+            await eventually(saved, what="the checkpoint saved")
+            assert not publishing.done()  # the dispatcher went on
+        finally:
+            stop.set()
+            await publishing
     [launch] = await node_work(nc, layout)
     assert _decode_node_command(launch.data).verb == "launch"
 

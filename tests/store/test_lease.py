@@ -1,0 +1,113 @@
+"""The lease, renewal by renewal: a leader resumed after another one led never takes the lease
+back, even once the other's key has expired too (it would lead on its stale state); a
+leader whose key expired while nobody else led takes it again; a renewal whose answer was
+lost is recognised as the leader's own; a standby loads what its first decision needs before
+it leads.
+
+The key's expiry is modelled by deleting its message, which is what the bucket's TTL does
+(the key absent, the stream's last sequence unchanged): no test waits out the TTL. The
+bucket is made here as nats-py makes a bucket, but with deletes allowed for that."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.client import Client as Nats
+from nats.js.api import DiscardPolicy, StreamConfig
+from nats.js.kv import KeyValue
+from structlog.testing import capture_logs
+
+from controlplane.lease import LEASE_KEY, Lease
+from controlplane.service import serve
+from events.api.resources import _quantity_parser
+from events.connect import connect
+from events.streams import LEASE_TTL, ensure_all
+from events.subjects import Layout
+from tests.system.harness import eventually
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[Nats]:
+    client = await connect(nats_url, "test-lease")
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def kv(nc: Nats, prefix: str) -> KeyValue:
+    bucket = Layout(prefix).leases_bucket
+    await nc.jetstream().add_stream(StreamConfig(
+        name=f"KV_{bucket}", subjects=[f"$KV.{bucket}.>"], max_msgs_per_subject=1,
+        max_age=LEASE_TTL, allow_rollup_hdrs=True, deny_delete=False,
+        discard=DiscardPolicy.NEW))
+    return await nc.jetstream().key_value(bucket)
+
+
+async def expire(nc: Nats, kv: KeyValue, prefix: str) -> None:
+    """The lease key's TTL runs out."""
+    entry = await kv.get(LEASE_KEY)
+    await nc.jetstream().delete_msg(f"KV_{Layout(prefix).leases_bucket}", entry.revision)
+
+
+async def holder(kv: KeyValue) -> str:
+    return ((await kv.get(LEASE_KEY)).value or b"").decode()
+
+
+async def test_a_leader_resumed_after_another_led_stops_even_once_the_key_expired(
+        nc: Nats, kv: KeyValue, prefix: str) -> None:
+    layout, stop = Layout(prefix), asyncio.Event()
+    old = Lease(nc, layout, "cp-a")
+    assert await old.acquire(stop)
+    await expire(nc, kv, prefix)  # cp-a stopped (SIGSTOP) past the TTL
+    new = Lease(nc, layout, "cp-b")
+    assert await new.acquire(stop)
+    await expire(nc, kv, prefix)  # cp-b starved past the TTL in its turn
+    assert not await old.renew(kv)  # resumed: another led since its revision
+    assert await new.renew(kv)  # nobody led since cp-b's revision: cp-b's again
+    assert await holder(kv) == "cp-b"
+    assert not await old.renew(kv)
+
+
+async def test_a_leader_keeps_what_is_its_own(nc: Nats, kv: KeyValue, prefix: str) -> None:
+    """A renewal whose answer was lost, then an expiry while nobody else led: each time the
+    lease is renewed, never lost; a standby that takes an expired key first wins it."""
+    layout, stop = Layout(prefix), asyncio.Event()
+    lease = Lease(nc, layout, "cp-a")
+    assert await lease.acquire(stop)
+    known = lease.revision
+    assert await lease.renew(kv)
+    lease.revision = known  # the renewal was stored, its answer lost
+    assert await lease.renew(kv)
+    await expire(nc, kv, prefix)
+    assert await lease.renew(kv)
+    assert await holder(kv) == "cp-a"
+    await expire(nc, kv, prefix)
+    assert await Lease(nc, layout, "cp-b").acquire(stop)
+    assert not await lease.renew(kv)
+    assert await holder(kv) == "cp-b"
+
+
+async def test_a_standby_pays_for_its_first_decision_before_it_leads(
+        nats_url: str, nc: Nats, prefix: str) -> None:
+    """What the first decision needs and loads on first use (kubernetes' quantity parser:
+    half a second of CPU on the event loop) is loaded while standing by, not right after
+    taking the lease, when a stalled loop renews late."""
+    layout, stop = Layout(prefix), asyncio.Event()
+    await ensure_all(nc.jetstream(), layout)
+    assert await Lease(nc, layout, "cp-a").acquire(stop)
+    _quantity_parser.cache_clear()
+    with capture_logs() as logs:
+        standby = asyncio.ensure_future(serve(nats_url, layout, holder="cp-b", stop=stop))
+        try:
+            async def standing_by() -> bool:
+                return any(r["event"].startswith("standing by") for r in logs)
+
+            await eventually(standing_by, what="the standby waiting for the lease")
+            assert _quantity_parser.cache_info().currsize == 1
+        finally:
+            stop.set()
+            assert await standby  # stopped, not lost
