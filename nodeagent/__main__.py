@@ -13,6 +13,7 @@ from typing import Protocol
 
 import msgspec
 
+from events.aio import report_loop_errors
 from events.api.resources import quantity
 from events.connect import NATS_FAILURES, Access, add_arguments, stopped_by
 from events.errors import InvalidSpec
@@ -116,6 +117,7 @@ async def _serve(agent: Served) -> None:
     may not be answering: its connection retries for ever) cancels the start-up, which holds
     nothing that must be finished; after, it stops the agent in order."""
     stop = asyncio.Event()
+    report_loop_errors(asyncio.get_running_loop())
     run = asyncio.ensure_future(agent.run(stop))
 
     def on_signal() -> None:

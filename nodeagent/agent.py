@@ -71,7 +71,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.kv import KeyValue
 
-from events.aio import claimed, pause_unless_stopped, unless_stopped
+from events.aio import claimed, pause_unless_stopped, together, unless_stopped
 from events.api.hco_defaults import KUBEVIRT_MIN_CPU_MODEL
 from events.api.resources import load_quantity_parser, vmi_resources
 from events.api.validation import START_PAUSED
@@ -314,11 +314,11 @@ class NodeAgent:
                 self.log.info("agent started", libvirt_uri=self.cfg.libvirt_uri,
                               domains=len(self.domains))
                 self.started.set()
-                await asyncio.gather(self._consume(stop), self._pump(observations, stop),
-                                     self._rediscover(stop), self._refresh_metrics(stop),
-                                     self.migrations.serve(stop), self.consoles.serve(stop),
-                                     self._report_agent_changes(agent_changes, stop),
-                                     self._watch_interfaces(stop))
+                await together(self._consume(stop), self._pump(observations, stop),
+                               self._rediscover(stop), self._refresh_metrics(stop),
+                               self.migrations.serve(stop), self.consoles.serve(stop),
+                               self._report_agent_changes(agent_changes, stop),
+                               self._watch_interfaces(stop))
             await heartbeat
             await sim.unsubscribe()
         finally:

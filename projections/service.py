@@ -16,7 +16,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from events.aio import unless_stopped
+from events.aio import report_loop_errors, unless_stopped
 from events.codec import Event
 from events.connect import Access, connect_unless_stopped, shown
 from events.messages import NODE_ACTOR_PREFIX
@@ -409,8 +409,10 @@ def run(access: Access, layout: Layout, listen: tuple[str, int] | None = None, *
         audit_limit: AuditLimit | None = None, trust_proxy_headers: bool = False) -> None:
     async def main() -> None:
         stop = asyncio.Event()
+        running = asyncio.get_running_loop()
+        report_loop_errors(running)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+            running.add_signal_handler(sig, stop.set)
         nc = await connect_unless_stopped(access, f"{layout.prefix}-projections", stop)
         if nc is None:
             return
