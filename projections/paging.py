@@ -45,14 +45,15 @@ def parse_continue(token: str) -> Continuation | None:
 
 
 class Listed(NamedTuple):
-    """One rendering of a list, with each item's encoded size (what a page's cut counts)."""
+    """One rendering of a list, each item encoded as it goes on the wire: its size is what
+    a page's cut counts, and a kept list holds bytes, not the thousands of dicts the
+    collector would walk while it is kept."""
 
-    items: list[dict[str, Any]]
-    sizes: list[int]
+    items: list[msgspec.Raw]
 
     @classmethod
     def of(cls, items: list[dict[str, Any]]) -> Listed:
-        return cls(items, [len(msgspec.msgpack.encode(item)) for item in items])
+        return cls([msgspec.Raw(msgspec.msgpack.encode(item)) for item in items])
 
 
 class ListPages:
@@ -69,13 +70,13 @@ class ListPages:
         return found
 
     def page(self, key: Hashable, sequence: int, listed: Listed, offset: int,
-             budget: int) -> tuple[list[dict[str, Any]], str]:
+             budget: int) -> tuple[list[msgspec.Raw], str]:
         """The items from `offset` that fit in `budget` bytes (one at least), and the token
         of the next page ('' after the last); a list with pages left is kept."""
         end, used = offset, 0
         while end < len(listed.items) and (end == offset or
-                                           used + listed.sizes[end] <= budget):
-            used += listed.sizes[end]
+                                           used + len(listed.items[end]) <= budget):
+            used += len(listed.items[end])
             end += 1
         if end >= len(listed.items):
             return listed.items[offset:], ""

@@ -241,10 +241,12 @@ _BUILDERS: Final[dict[int, Any]] = {
 }
 
 
-def _decoder(sections: list[_StructSection]) -> msgspec.msgpack.Decoder[Any]:
+def _decoder(sections: list[_StructSection],
+             decoded: list[list[msgspec.Struct] | None]) -> msgspec.msgpack.Decoder[Any]:
     """A decoder of `_Packer`'s values, its Struct tags naming values of `sections` (each
-    section decoded when first named); any other tag is refused."""
-    decoded: list[list[msgspec.Struct] | None] = [None] * len(sections)
+    section decoded when first named, kept in `decoded`); any other tag is refused. Its hook
+    refers to it (nested values), a cycle only the collector frees: clear `decoded` when
+    done, so the values go with the state that holds them, not at the next collection."""
 
     def unpack_ext(code: int, data: memoryview) -> Any:
         if code == _STRUCT:
@@ -311,12 +313,16 @@ def decode_state(data: bytes, kinds: frozenset[str] | None = None) -> ClusterSta
 
 def _views_of(content: _Content, kinds: frozenset[str] | None) -> ClusterState:
     """A state of the content's views of `kinds`, in the order they were written."""
-    decoder = _decoder(content.structs)
+    decoded: list[list[msgspec.Struct] | None] = [None] * len(content.structs)
+    decoder = _decoder(content.structs, decoded)
     built = []
-    for section in content.views:
-        shape = _Shape.of(section)
-        built.append(iter([shape.build(row) for row in decoder.decode(section.rows)])
-                     if kinds is None or section.kind in kinds else None)
+    try:
+        for section in content.views:
+            shape = _Shape.of(section)
+            built.append(iter([shape.build(row) for row in decoder.decode(section.rows)])
+                         if kinds is None or section.kind in kinds else None)
+    finally:
+        decoded.clear()
     state = ClusterState()
     for index in content.order:
         views = built[index]

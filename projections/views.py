@@ -13,8 +13,10 @@ struct in place, so a shallow copy (`View.copy`) folds apart from its original.
 from __future__ import annotations
 
 import copy
-from datetime import datetime, timedelta
-from typing import Any, Self
+import functools
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, Self
 
 import msgspec
 import structlog
@@ -498,7 +500,21 @@ def _go_arch(architecture: str) -> str:
 
 
 def iso(at: datetime | None) -> str:
-    return at.strftime("%Y-%m-%dT%H:%M:%SZ") if at else ""
+    """RFC 3339 to the second, as Kubernetes writes a timestamp; each second formatted once
+    (a list of 10,000 VMs has 20,000 timestamps and a few hundred distinct seconds)."""
+    if at is None:
+        return ""
+    if at.tzinfo is None:
+        return at.strftime(_RFC3339)
+    return _utc_second(math.floor(at.timestamp()))
+
+
+_RFC3339: Final = "%Y-%m-%dT%H:%M:%SZ"
+
+
+@functools.lru_cache(maxsize=4096)
+def _utc_second(second: int) -> str:
+    return datetime.fromtimestamp(second, UTC).strftime(_RFC3339)
 
 
 def object_meta(view: View, meta: ObjectMeta, uid: str, generation: int = 0) -> dict[str, Any]:

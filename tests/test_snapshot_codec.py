@@ -86,3 +86,22 @@ def test_hostile_content_is_refused(change: Any) -> None:
     with pytest.raises(SnapshotRejected):
         decode_state(_tampered(change))
     assert gc.isenabled()  # decoding went without the collector, and gave it back
+
+
+def test_a_decoded_state_goes_when_dropped_not_at_the_next_collection() -> None:
+    """The decoder's hook refers to the decoder (a cycle); the Struct values it decoded are
+    let go with it, so a state dropped frees them at once: a 10,000-VM read left 60,000
+    objects (each view's metadata and its lists) for the collector to find."""
+    data = encode_state(_state())
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        state = decode_state(data)
+        assert len(state.views) == 6
+        del state
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, msgspec.Struct)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == []
