@@ -10,6 +10,21 @@ NODE_MONITOR_GRACE_SECONDS: Final = 20.0
 """A node whose agent has not heartbeated for this long becomes NotReady (kube: 40s)."""
 NODE_MONITOR_PERIOD_SECONDS: Final = 1.0
 """How often the node lifecycle controller looks at heartbeats."""
+LOST_NODE_TOLERATION_SECONDS: Final = 6.0
+"""How long the VMIs of a NotReady node, once its zone's eviction rate lets it go, tolerate
+its NoExecute taint before they are failed. Kubernetes gives every pod 300 s
+(DefaultTolerationSeconds); kept short here, but three heartbeat intervals: nodes lost
+together cross their grace within one interval of each other, so all are NotReady, and
+their zone seen disrupted, before the first one's VMIs are failed."""
+EVICTION_RATE_NODES_PER_SECOND: Final = 0.1
+SECONDARY_EVICTION_RATE_NODES_PER_SECOND: Final = 0.01
+LARGE_CLUSTER_SIZE_THRESHOLD: Final = 50
+UNHEALTHY_ZONE_THRESHOLD: Final = 0.55
+"""kube-controller-manager's `--node-eviction-rate`, `--secondary-node-eviction-rate`,
+`--large-cluster-size-threshold` and `--unhealthy-zone-threshold`: lost nodes of a zone are
+let go one at a time at the first rate; a zone with more than two nodes and this share of
+them NotReady at the second rate if it has more nodes than the threshold, else not at
+all."""
 HEARTBEAT_READ_WAIT_SECONDS: Final = 1.0
 """How long a node-monitor round waits for its heartbeat watch to take in every beat put
 before the round began; a watch later than that judges no node this round."""

@@ -180,9 +180,7 @@ class ControlLoop:
             if now - last > stalled:
                 log.warning("node monitor did not run for a while; every node gets its "
                             "grace again", seconds=round(now - last, 1))
-                lifecycle = self.lifecycle
-                lifecycle.started = now
-                lifecycle.last_seen = dict.fromkeys(lifecycle.last_seen, now)
+                self.lifecycle.grant_grace(now)
             else:
                 judged_at = await self.lifecycle.judgement_time(self.state)
                 if judged_at is not None:

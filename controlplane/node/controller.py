@@ -19,12 +19,17 @@ A beat is dated when the control plane takes it in, not by the agent's clock, an
 judged only at an instant up to which every beat put is taken in (`judgement_time`): a
 control plane too busy to read its heartbeats (at 10,000 VMs its watch fell 40 s behind while
 the agents beat on time) knows nothing about its nodes, and declares none lost.
+
+Which lost nodes' VMIs are failed, and when, is their zones' call (`disruption`): one node
+at a time at a rate per zone, none while every node is NotReady (kube's master disruption
+mode), each after its VMIs' toleration of the node's NoExecute taint.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 
 import structlog
@@ -33,7 +38,12 @@ from nats.errors import Error as NatsError
 from nats.js.kv import KeyValue
 
 from controlplane.controllers import derived_command
-from controlplane.defaults import HEARTBEAT_READ_WAIT_SECONDS, NODE_MONITOR_GRACE_SECONDS
+from controlplane.defaults import (
+    HEARTBEAT_READ_WAIT_SECONDS,
+    LOST_NODE_TOLERATION_SECONDS,
+    NODE_MONITOR_GRACE_SECONDS,
+)
+from controlplane.node.disruption import Evictions
 from events.aio import unless_stopped
 from events.messages import Command
 from events.subjects import Layout, decode_token
@@ -53,7 +63,13 @@ class NodeLifecycle:
         self.layout = layout
         self.grace = grace_seconds
         self.last_seen: dict[str, float] = {}
+        """When each node's last beat was taken in."""
         self.started = time.monotonic()
+        """Since when every node has its grace (the start, or a round that found the
+        control plane had not run, or master disruption mode ending)."""
+        self.evictions = Evictions()
+        self._held: set[str] = set()
+        """Lost nodes whose VMIs master disruption mode keeps (logged once each)."""
         self.read_revision = 0
         """The bucket's last revision the watch has taken in."""
         self._read_advanced = asyncio.Event()
@@ -121,10 +137,18 @@ class NodeLifecycle:
             return None
         return asked
 
+    def heard(self, node: str, now: float) -> bool:
+        """Whether `node` beat within the grace."""
+        return now - self.last_seen.get(node, -math.inf) < self.grace
+
     def fresh(self, node: str, now: float) -> bool:
-        """Whether `node` beat within the grace; a control plane that just started grants
-        every node a grace."""
-        return now - self.last_seen.get(node, self.started) < self.grace
+        """Whether `node` beat within the grace, or every node still has one (`started`)."""
+        return now - max(self.last_seen.get(node, -math.inf), self.started) < self.grace
+
+    def grant_grace(self, now: float) -> None:
+        """Every node its grace again from `now`: no silent node is judged lost for it,
+        and none is Ready again without a beat."""
+        self.started = now
 
     def transitions(self, state: ClusterState, now: float) -> list[Command]:
         """Ready / NotReady transitions due at `now` (a `judgement_time`)."""
@@ -137,17 +161,24 @@ class NodeLifecycle:
                 commands.append(derived_command(NAME, "Node", "not-ready", "", node.name,
                                                 node.version,
                                                 manifest={"reason": "NodeStatusUnknown"}))
-            elif not node.ready and fresh and node.name in self.last_seen:
+            elif not node.ready and self.heard(node.name, now):
                 commands.append(derived_command(NAME, "Node", "ready", "", node.name,
                                                 node.version))
         return commands
 
     def failures(self, state: ClusterState, now: float) -> list[Command]:
         """A fail for every active VMI of every node that is NotReady and still silent at
-        `now` (a `judgement_time`), each round until it is failed (see above)."""
+        `now` (a `judgement_time`) and whose zone let it go, each round until it is failed
+        (see above)."""
+        if self.evictions.observe(state.nodes(), now):
+            self.grant_grace(now)
         commands: list[Command] = []
         for node in state.nodes():
             if node.ready or self.fresh(node.name, now):
+                self._held.discard(node.name)
+                continue
+            if not self.evictions.due(node.name, now):
+                self._log_held(state, node.name, now)
                 continue
             for vmi in state.vmis_on(node.name):
                 meta = vmi.metadata
@@ -158,3 +189,14 @@ class NodeLifecycle:
                     vmi.version, manifest={"reason": NODE_UNRESPONSIVE},
                     correlation_id=node.correlation_id))
         return commands
+
+    def _log_held(self, state: ClusterState, node: str, now: float) -> None:
+        """One line for a lost node whose VMIs would be failed by now, were not every node
+        NotReady."""
+        silent = now - max(self.last_seen.get(node, -math.inf), self.started)
+        if (self.evictions.every_zone_disrupted and node not in self._held
+                and silent >= self.grace + LOST_NODE_TOLERATION_SECONDS
+                and state.vmis_on(node)):
+            self._held.add(node)
+            log.warning("VMIs of a lost node not failed: every node is NotReady (master "
+                        "disruption mode)", node=node, silent_s=round(silent, 1))

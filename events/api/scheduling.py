@@ -25,6 +25,12 @@ LABEL_HOSTNAME: Final = "kubernetes.io/hostname"
 LABEL_ARCH: Final = "kubernetes.io/arch"
 LABEL_OS: Final = "kubernetes.io/os"
 """Labels the kubelet sets on every node: what topology keys and selectors usually name."""
+LABEL_TOPOLOGY_ZONE: Final = "topology.kubernetes.io/zone"
+LABEL_TOPOLOGY_REGION: Final = "topology.kubernetes.io/region"
+LABEL_FAILURE_DOMAIN_ZONE: Final = "failure-domain.beta.kubernetes.io/zone"
+LABEL_FAILURE_DOMAIN_REGION: Final = "failure-domain.beta.kubernetes.io/region"
+"""A node's zone and region (the stable labels, else the deprecated beta ones): the node
+lifecycle controller judges disruption per zone."""
 
 
 class Taint(ApiStruct):
