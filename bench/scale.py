@@ -182,8 +182,7 @@ async def apply_steadily(vb: Client, count: int, rate: float, sent: dict[str, fl
 
 async def apply_one(vb: Client, document: dict[str, Any], timeout: float) -> None:
     command = vb.command("VirtualMachine", "apply", manifest=document)
-    await vb.submit(command)
-    outcome = await vb.outcome(command.id, timeout)
+    outcome = await vb.run(command, check=False, timeout=timeout)
     if not outcome.accepted:
         raise SystemExit(f"apply refused: {outcome.reason}")
 

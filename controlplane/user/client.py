@@ -89,8 +89,9 @@ RECONNECT_ATTEMPTS: Final = 3
 RECONNECT_WAIT_SECONDS: Final = 0.5
 """Between two attempts at one server: a person is waiting."""
 OUTCOME_RECHECK_SECONDS: Final = 1.0
-"""How often an awaited outcome checks whether the connection was re-established meanwhile
-(an outcome published while it was down never arrives: it is read from the bucket then)."""
+"""How often the client checks whether its connection was re-established meanwhile: an
+outcome published while it was down never arrives, so every outcome still awaited is read
+from the bucket then."""
 
 
 class CommandRejected(Exception):
@@ -129,8 +130,10 @@ class Client:
         self.js = nc.jetstream()
         self._outcomes: KeyValue | None = None
         self._outcome_sub: Any = None
-        self._awaited: dict[str, asyncio.Future[Msg]] = {}
-        """Outcomes awaited, by their bucket subject: one subscription serves them all."""
+        self._awaited: dict[str, tuple[str, asyncio.Future[Outcome]]] = {}
+        """Outcomes awaited (command id, arrival), by their bucket subject: one subscription
+        serves them all."""
+        self._rechecking: asyncio.Future[None] | None = None
 
     @classmethod
     async def connect(cls, access: Access | str, prefix: str = DEFAULT_PREFIX,
@@ -144,6 +147,8 @@ class Client:
         return cls(nc, Layout(prefix), actor or user or default_actor())
 
     async def close(self) -> None:
+        if self._rechecking is not None:
+            self._rechecking.cancel()
         await self.nc.close()
 
     async def __aenter__(self) -> Self:
@@ -181,7 +186,8 @@ class Client:
         finally:
             self._awaited.pop(subject, None)
 
-    async def run(self, command: Command, *, check: bool = True) -> Outcome:
+    async def run(self, command: Command, *, check: bool = True,
+                  timeout: float = COMMAND_AWAIT_TIMEOUT_SECONDS) -> Outcome:
         """Submit and await the one outcome; raise CommandRejected if `check` and refused.
 
         The outcome's arrival is expected before the command is sent, on the outcome's own
@@ -190,15 +196,14 @@ class Client:
         subject, arrival = await self._expect_outcome(command.id)
         try:
             duplicate = await self.submit(command)
-            outcome = await self._settle(command.id, arrival,
-                                         COMMAND_AWAIT_TIMEOUT_SECONDS, stored_first=duplicate)
+            outcome = await self._settle(command.id, arrival, timeout, stored_first=duplicate)
         finally:
             self._awaited.pop(subject, None)
         if check and not outcome.accepted:
             raise CommandRejected(outcome)
         return outcome
 
-    async def _expect_outcome(self, command_id: str) -> tuple[str, asyncio.Future[Msg]]:
+    async def _expect_outcome(self, command_id: str) -> tuple[str, asyncio.Future[Outcome]]:
         """(the outcome's bucket subject, its arrival): the client's one subscription to its
         own outcomes (`<actor>.*`, what its user may read) hands each to whoever awaits it,
         and nothing to anyone else. A SUB and an UNSUB per command cost the client and the
@@ -207,40 +212,55 @@ class Client:
         if self._outcome_sub is None:
             self._outcome_sub = await self.nc.subscribe(
                 f"{bucket}.{encode_token(self.actor)}.*", cb=self._outcome_arrived)
-        arrival: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+            self._rechecking = asyncio.ensure_future(self._recheck_after_reconnects())
+        arrival: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         subject = f"{bucket}.{outcome_key(self.actor, command_id)}"
-        self._awaited[subject] = arrival
+        self._awaited[subject] = (command_id, arrival)
         return subject, arrival
 
     async def _outcome_arrived(self, msg: Msg) -> None:
-        arrival = self._awaited.get(msg.subject)
-        if arrival is not None and not arrival.done():
-            arrival.set_result(msg)
+        awaited = self._awaited.get(msg.subject)
+        if awaited is None or awaited[1].done():
+            return
+        try:
+            outcome = _decode_outcome(msg.data)
+        except msgspec.DecodeError:  # no outcome: the bucket is read at the deadline
+            return
+        awaited[1].set_result(outcome)
 
-    async def _settle(self, command_id: str, arrival: asyncio.Future[Msg], timeout: float, *,
-                      stored_first: bool) -> Outcome:
+    async def _recheck_after_reconnects(self) -> None:
+        """After each reconnect, every outcome still awaited is read from the bucket, once:
+        one check a second for the whole client, where each awaiting command woke every
+        second (thousands of timers when many are in flight)."""
+        seen = self.nc.stats["reconnects"]
+        while not self.nc.is_closed:
+            await asyncio.sleep(OUTCOME_RECHECK_SECONDS)  # a poll of the counter
+            if self.nc.stats["reconnects"] == seen:
+                continue
+            seen = self.nc.stats["reconnects"]
+            for command_id, arrival in list(self._awaited.values()):
+                if arrival.done():
+                    continue
+                try:
+                    stored = await self._look_up(command_id)
+                except Exception:  # the awaiting call reads it again at its deadline, and raises
+                    continue
+                if stored is not None and not arrival.done():
+                    arrival.set_result(stored)
+
+    async def _settle(self, command_id: str, arrival: asyncio.Future[Outcome],
+                      timeout: float, *, stored_first: bool) -> Outcome:
         if stored_first and (stored := await self._look_up(command_id)) is not None:
             return stored
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        reconnects = self.nc.stats["reconnects"]
-        while True:
-            try:
-                msg = await asyncio.wait_for(asyncio.shield(arrival), min(
-                    OUTCOME_RECHECK_SECONDS, max(deadline - loop.time(), 0.0)))
-            except TimeoutError:
-                if loop.time() < deadline and self.nc.stats["reconnects"] == reconnects:
-                    continue
-                reconnects = self.nc.stats["reconnects"]  # it may have come meanwhile
-                stored = await self._look_up(command_id)
-                if stored is not None:
-                    return stored
-                if loop.time() < deadline:
-                    continue
-                raise TimeoutError(f"no outcome for command {command_id} after {timeout:g}s;"
-                                   f" it may still be decided: await it again by its id"
-                                   ) from None
-            return _decode_outcome(msg.data)
+        try:
+            return await asyncio.wait_for(arrival, timeout)
+        except TimeoutError:
+            stored = await self._look_up(command_id)  # it may have come unannounced
+            if stored is not None:
+                return stored
+            raise TimeoutError(f"no outcome for command {command_id} after {timeout:g}s;"
+                               f" it may still be decided: await it again by its id"
+                               ) from None
 
     async def _look_up(self, command_id: str) -> Outcome | None:
         return await retry_within(lambda: self._stored_outcome(command_id),
