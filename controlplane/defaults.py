@@ -71,6 +71,8 @@ one pass."""
 FLEET_MIN_NODES: Final = 10
 """From this many simulated nodes on, `virtbus up` runs them as one fleet process
 (`python -m nodeagent fleet`) rather than a process each (some 60 MB apiece)."""
+DISPATCH_IN_FLIGHT: Final = 256
+"""Node commands the dispatcher has published and not yet seen acknowledged, at most."""
 DISPATCH_QUEUE: Final = 2048
 """Node commands the dispatcher holds queued, not yet published; past this, following the
 log waits while the queue is published (a NATS that does not answer holds the dispatcher,

@@ -6,11 +6,16 @@ crash in between publishes again on restart, and JetStream's duplicate window dr
 copy; past the window, the agent's own idempotence (domains by name) still holds.
 
 Following the log only queues the work (so the read model and the controllers never wait
-for a publish); `run` publishes what is queued a batch at a time: each node's commands one
-after the other in the log's order, each acknowledged before the next (a publish NATS fails
-for a moment is tried again in place), the nodes side by side; then one checkpoint write
-for the whole batch, never past work not yet acknowledged. A full queue is drained by the
-follower itself, so the queue is bounded whether `run` runs or not.
+for a publish); `run` publishes what is queued a batch at a time: each VMI's commands on a
+node one after the other in the log's order, each acknowledged before the next (a publish
+NATS fails for a moment is tried again in place), the VMIs side by side (at most
+`DISPATCH_IN_FLIGHT` publishes at once); then one checkpoint write for the whole batch,
+never past work not yet acknowledged. A full queue is drained by the follower itself, so
+the queue is bounded whether `run` runs or not. The order that matters is one VMI's (a
+launch before its stop; an instance's stop before the next instance of that name's
+launch): the agent works on each VMI alone. A node's commands one after the other made a
+node with a hundred launches in a batch wait a hundred round trips, on a busy loop: the
+largest lag of a 10,000-VM run, 10 s from a VMI scheduled to its launch published.
 
 | event                                   | node command                     |
 |-----------------------------------------|----------------------------------|
@@ -50,7 +55,11 @@ from nats.aio.client import Client
 from nats.js.errors import APIError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from controlplane.defaults import DISPATCH_QUEUE, WORK_CONSUMERS_CHECK_SECONDS
+from controlplane.defaults import (
+    DISPATCH_IN_FLIGHT,
+    DISPATCH_QUEUE,
+    WORK_CONSUMERS_CHECK_SECONDS,
+)
 from events.aio import unless_stopped
 from events.api.vm import API_VERSION
 from events.codec import Event
@@ -104,13 +113,20 @@ class WorkConsumers:
         self.layout = layout
         self.made: set[str] = set()
         """Nodes whose consumer this process set up, and has not found gone since."""
+        self._making: dict[str, asyncio.Lock] = {}
 
     async def ensure(self, node: str) -> None:
         """Set up `node`'s consumer, once, unless `check` finds it gone. One that cannot be
         brought to the config (a push consumer made before agents lost the right) is
-        deleted and made afresh: its work stays in the stream, for the new one."""
+        deleted and made afresh: its work stays in the stream, for the new one. One at a
+        time per node: the node's VMIs are dispatched side by side."""
         if node in self.made:
             return
+        async with self._making.setdefault(node, asyncio.Lock()):
+            if node not in self.made:
+                await self._make(node)
+
+    async def _make(self, node: str) -> None:
         js, stream = self.nc.jetstream(), self.layout.node_stream
         config = work_consumer_config(self.layout, node)
         try:
@@ -176,7 +192,8 @@ class Dispatcher:
         """Work to publish, in the log's order."""
         self._queued = asyncio.Event()
         self._draining = asyncio.Lock()
-        """One batch at a time, so a node's commands go out in the log's order."""
+        """One batch at a time, so a VMI's commands go out in the log's order."""
+        self._in_flight = asyncio.Semaphore(DISPATCH_IN_FLIGHT)
         self._stop = asyncio.Event()
 
     async def load_checkpoint(self) -> int:
@@ -229,11 +246,12 @@ class Dispatcher:
             batch, self._queue, position = self._queue, [], self.position
             if not batch:
                 return True
-            by_node: dict[str, list[_Work]] = {}
+            by_vmi: dict[tuple[str, str, str], list[_Work]] = {}
             for work in batch:
-                by_node.setdefault(work.node, []).append(work)
+                key = (work.node, work.body.namespace, work.body.name)
+                by_vmi.setdefault(key, []).append(work)
             sent = await asyncio.gather(*[self._publish(node, works)
-                                          for node, works in by_node.items()])
+                                          for (node, _, _), works in by_vmi.items()])
             if not all(sent):
                 self._queue[:0] = batch  # for whoever drains next: nothing is skipped
                 return False
@@ -241,14 +259,15 @@ class Dispatcher:
             return True
 
     async def _publish(self, node: str, works: list[_Work]) -> bool:
-        """`node`'s commands, one after the other; False if stopped before all were
-        acknowledged."""
+        """One VMI's commands for `node`, one after the other; False if stopped before all
+        were acknowledged."""
         subject_of = self.layout.node_subject
         for work in works:
             async def publish(work: _Work = work) -> bool:
                 await self.consumers.ensure(node)
-                await self.js.publish(subject_of(node, work.verb), _encode(work.body),
-                                      headers={"Nats-Msg-Id": work.msg_id})
+                async with self._in_flight:
+                    await self.js.publish(subject_of(node, work.verb), _encode(work.body),
+                                          headers={"Nats-Msg-Id": work.msg_id})
                 return True
 
             if not await retry_until_stopped(publish, "dispatching", self._stop, node=node,
