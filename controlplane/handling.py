@@ -179,6 +179,9 @@ class Memory:
         """The command ids of the markers folded last (at most `RECENT_MARKERS`, oldest
         first): a marker stored by another writer after this one looked for it, and folded
         before it decided, is known here."""
+        self._scopes: dict[str, _Scope] = {}
+        """Scan scopes (`Decision.all_existing`) answered from the views so far, each kept
+        up to date as views arrive: its objects, and the newest sequence among them."""
 
     def get(self, agg_id: str, view_cls: type[V]) -> V | None:
         """The view to decide on, or None when it has to be read from the log first."""
@@ -204,6 +207,7 @@ class Memory:
                 return
             view = self.views[event.originator_id] = view_cls(event.originator_id)
         view.apply(event, sequence)
+        self._indexed(event.originator_id, sequence)
 
     async def load(self, agg_id: str, view_cls: type[View]) -> View:
         """Read the object's events from the log and keep the view folded from them. The
@@ -220,9 +224,56 @@ class Memory:
                 if sequence(msg) > self.position:  # observed later, its marker too
                     self._note_unmarked(event, sequence(msg))
             view.last_sequence = sequence(msg)
-        self.views[agg_id] = view
+        self.keep(view)
         self._stale.discard(agg_id)
         return view
+
+    def keep(self, view: View) -> None:
+        """Hold `view` as the newest known of its object (read from the log, or written)."""
+        self.views[view.id] = view
+        self._indexed(view.id)
+
+    def scan(self, scope: str) -> Scan | None:
+        """Every object of a scan scope (`<kind>` or `<kind>.<namespace token>`) as the
+        views have it, guarded at the newest sequence among them; None where the memory
+        cannot tell (not complete, a kind it holds no views of, an object of the scope
+        forgotten as stale). Behind the log, the guard meets a conflict and the decision
+        scans the log (`CommandHandler._scan`).
+
+        The guard's sequence is one the control loop has folded (`position`) or a scan of
+        the log returned, never a write of this process's own not folded yet: every object
+        with an event up to it is then in the scope, and the guard holds the rest."""
+        known = self._scopes.get(scope)
+        if known is None:
+            prefix = scope + "."
+            if not self.complete or scope.partition(".")[0] not in VIEW_KINDS \
+                    or any(agg_id.startswith(prefix) for agg_id in self._stale):
+                return None
+            known = self._scopes[scope] = _Scope()
+            for agg_id, view in self.views.items():
+                if agg_id.startswith(prefix):
+                    known.take(agg_id, view.last_sequence
+                               if view.last_sequence <= self.position else None)
+        return Scan(list(known.ids), known.newest)
+
+    def scanned(self, scope: str, found: Scan) -> None:
+        """A scan read from the log: what the scope's index lacked, it has now."""
+        known = self._scopes.get(scope)
+        if known is not None:
+            for agg_id in found.ids:
+                known.ids[agg_id] = None
+            known.newest = max(known.newest, found.sequence)
+
+    def _indexed(self, agg_id: str, folded: int | None = None) -> None:
+        """An object's view changed (by the event folded at `folded`): the scan scopes it
+        is in hold it (and move to that sequence)."""
+        if not self._scopes:
+            return
+        kind, _, rest = agg_id.partition(".")
+        for scope in (kind, f"{kind}.{rest.partition('.')[0]}"):
+            known = self._scopes.get(scope)
+            if known is not None:
+                known.take(agg_id, folded)
 
     def _note_unmarked(self, event: Event, sequence: int) -> None:
         if event.marker_follows:
@@ -235,6 +286,20 @@ class Memory:
         if view is None or view.last_sequence == seen:
             self.views.pop(agg_id, None)
             self._stale.add(agg_id)
+
+
+class _Scope:
+    """One scan scope's objects (in the order the memory met them) and the newest sequence
+    among them."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, None] = {}
+        self.newest = 0
+
+    def take(self, agg_id: str, folded: int | None) -> None:
+        self.ids[agg_id] = None
+        if folded is not None:
+            self.newest = max(self.newest, folded)
 
 
 class Decision:
@@ -406,7 +471,8 @@ class CommandHandler:
                 await asyncio.sleep(random.uniform(0, CONFLICT_BACKOFF_SECONDS * 2 ** attempt))
             if (stored := self.memory.unmarked.get(command.id)) is not None:
                 return await self._mark_stored(command, stored[1], bound)
-            decision, verdict = await self._decide(command, scans, bound)
+            # After a conflict, scans are read from the log: the memory may be behind.
+            decision, verdict = await self._decide(command, scans, bound, fresh=attempt > 0)
             if (stored := self.memory.unmarked.get(command.id)) is not None:  # read on the way
                 return await self._mark_stored(command, stored[1], bound)
             alone = self._alone(decision, verdict)
@@ -517,8 +583,8 @@ class CommandHandler:
                 marker_at = last  # past a stray
         raise OutcomeUnknown(f"command {command.id}: its marker's subject kept moving")
 
-    async def _decide(self, command: Command, scans: dict[str, Scan],
-                      bound: Any) -> tuple[Decision, Verdict | None]:
+    async def _decide(self, command: Command, scans: dict[str, Scan], bound: Any,
+                      fresh: bool = False) -> tuple[Decision, Verdict | None]:
         """Run the handler until it needs nothing the memory lacks; its verdict."""
         handler = HANDLERS.get((command.kind, command.verb))
         for _read in range(MAX_READS):
@@ -532,7 +598,7 @@ class CommandHandler:
                 await self.memory.load(missing.agg_id, missing.view_cls)
                 continue
             except _NotScanned as missing:
-                scans[missing.kind] = await self._scan(missing.kind, missing.view_cls)
+                scans[missing.kind] = await self._scan(missing.kind, missing.view_cls, fresh)
                 continue
             except InvalidSpec as e:
                 return decision, Verdict(e.rule, e.field)
@@ -545,9 +611,12 @@ class CommandHandler:
             return decision, None
         return decision, Verdict("the command needs more objects than one decision reads")
 
-    async def _scan(self, kind: str, view_cls: type[View]) -> Scan:
-        """Every object of `kind` (`<kind>.<namespace token>`: of one namespace), read fresh,
-        and the sequence they are guarded at."""
+    async def _scan(self, kind: str, view_cls: type[View], fresh: bool) -> Scan:
+        """Every object of `kind` (`<kind>.<namespace token>`: of one namespace) and the
+        sequence they are guarded at: as the memory has them (no read), unless it cannot
+        tell or `fresh` asks for the log's."""
+        if not fresh and (known := self.memory.scan(kind)) is not None:
+            return known
         layout = self.log.layout
         subject = layout.events_filter(kind)
         newest = await self.log.last_on(layout.events_stream, subject)
@@ -556,7 +625,9 @@ class CommandHandler:
                await self.log.subjects(layout.events_stream, subject)]
         for agg_id in ids:
             await self.memory.load(agg_id, view_cls)
-        return Scan(ids, sequence(newest) if newest is not None else 0)
+        found = Scan(ids, sequence(newest) if newest is not None else 0)
+        self.memory.scanned(kind, found)
+        return found
 
     def _marker(self, decision: Decision, verdict: Verdict | None,
                 sequences: list[int] | None = None) -> Event:
@@ -613,7 +684,7 @@ class CommandHandler:
         for agg in decision.touched.values():
             if agg.pending:
                 agg.collect_events()
-                self.memory.views[agg.id] = agg.state
+                self.memory.keep(agg.state)
         bound.info("command accepted", sequences=event_seqs)
         return Result(Outcome(command_id=cmd.id, accepted=True, sequences=event_seqs),
                       list(zip(event_seqs, events, strict=True)))

@@ -1,6 +1,8 @@
 """The command intake on a real nats-server: a command delivered again past the command
 stream's duplicate window answers its first outcome; what cannot be decoded is
-dead-lettered and the intake goes on; a command claiming another actor is refused for good."""
+dead-lettered and the intake goes on; a command claiming another actor is refused for good;
+the intake holds no more than `INTAKE_CONCURRENCY` messages at once, the rest wait in the
+stream."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ from functools import partial
 import msgspec
 import pytest
 
-from controlplane.intake import CommandIntake
+from controlplane.defaults import INTAKE_CONCURRENCY
+from controlplane.intake import COMMANDS_CONSUMER, CommandIntake, Consumer
 from controlplane.user.actions import dead_letters
 from controlplane.user.client import Client
 from controlplane.writer import Writer
 from events.codec import encode
+from events.connect import connect
 from events.datastore import TOPIC_HEADER, VERSION_HEADER
 from events.directget import read_all, sequence
 from events.messages import (
@@ -26,6 +30,7 @@ from events.messages import (
     recorded_outcome,
 )
 from events.streams import ensure_all
+from events.subjects import Layout
 from projections.follower import MISPLACED, NO_TOPIC, NOT_A_MARKER, read_event
 from tests.system.harness import topics_since, vm_manifest
 
@@ -179,6 +184,53 @@ async def test_a_stray_after_a_marker_hides_no_outcome_gone_from_the_bucket(vb: 
     kv = await vb.js.key_value(vb.layout.outcomes_bucket)
     await kv.purge(outcome_key(vb.actor, command_id))
     assert await vb.outcome(command_id, timeout=5) == created
+
+
+async def test_the_intake_holds_no_more_than_its_concurrency_the_rest_wait_in_the_stream(
+        nats_url: str, prefix: str) -> None:
+    """What the intake takes on beyond what it can work queues in this process, behind it
+    the controllers' commands (a controller lag of seconds at 10,000 VMs): it asks the
+    server for no more than it has free places."""
+    layout = Layout(prefix)
+    nc = await connect(nats_url, "intake-bound")
+    await ensure_all(nc.jetstream(), layout)
+    sent = INTAKE_CONCURRENCY * 3
+    for i in range(sent):
+        await nc.jetstream().publish(layout.command_subject("user:dana", "vm", "apply"),
+                                     str(i).encode())
+    working, most, done = 0, 0, 0
+    full, released, finished = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def work(_msg: object) -> None:
+        nonlocal working, most, done
+        working += 1
+        most = max(most, working)
+        if working == INTAKE_CONCURRENCY:
+            full.set()
+        await released.wait()
+        working -= 1
+        done += 1
+        if done == sent:
+            finished.set()
+
+    stop = asyncio.Event()
+    consumer = Consumer(nc, layout, stream=layout.commands_stream,
+                        subject=layout.commands_filter, durable=COMMANDS_CONSUMER, work=work)
+    running = asyncio.ensure_future(consumer.run(stop))
+    try:
+        await asyncio.wait_for(full.wait(), 10)
+        # Every message the server handed out is being worked on: none waits in here.
+        info = await nc.jetstream().consumer_info(layout.commands_stream, COMMANDS_CONSUMER)
+        assert info.num_ack_pending == INTAKE_CONCURRENCY
+        assert info.num_pending == sent - INTAKE_CONCURRENCY
+        released.set()
+        await asyncio.wait_for(finished.wait(), 10)
+        assert most == INTAKE_CONCURRENCY
+    finally:
+        released.set()
+        stop.set()
+        await running
+        await nc.close()
 
 
 def _skipped(into: list[str], _sequence: int, reason: str) -> None:
