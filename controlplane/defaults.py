@@ -34,6 +34,12 @@ again), and how long it waits for the list."""
 COMMAND_ACTOR_CONTROLLER: Final = f"{SYSTEM_ACTOR_PREFIX}controller"
 CONTROLLER_RETRIES: Final = 10
 """Times a controller command the log could not take is sent again (backing off to 5 s)."""
+CONTROL_BATCH_WAIT_SECONDS: Final = 0.05
+"""How long the control loop waits for a batch of its controllers' commands to be recorded
+before it decides on what came meanwhile; what is still in flight goes on, and events on its
+objects wait for it."""
+CONTROL_BATCHES_IN_FLIGHT: Final = 8
+"""Controller batches not yet recorded, at most, before the control loop waits for one."""
 INTAKE_CONCURRENCY: Final = 32
 """Commands (or reports) worked on at once; each is claimed while it is. Enough to keep the
 writer's pipeline full (a command spends a few round trips and a share of a group commit

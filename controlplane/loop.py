@@ -1,8 +1,19 @@
 """The control loop: one pass over the log feeds the read model and the dispatcher, in that
 order, so both see the same state at the same point (the dispatcher queues its node work
 there and publishes it on its own task); the controllers follow a batch at a
-time (every event folded since their last batch), their commands executed together and
-folded in before the next batch, so appends are pipelined while the log is still read.
+time (every event folded since their last batch), their commands executed together, each
+folded in as it is recorded, so appends are pipelined while the log is still read.
+
+A batch is not waited for past `CONTROL_BATCH_WAIT_SECONDS`: one slow command (a conflict
+decided again, a group commit behind others) does not hold every later decision. What is
+still in flight is remembered per object, as KubeVirt's controller expectations do: an
+event on an object with a controller command in flight waits, shown to no controller, until
+the command is recorded and folded, so the object's own events never have a controller
+decide on a state that lacks its pending change. A change elsewhere that has a controller
+look at every object (the KubeVirt configuration, a preset) may still propose a command for
+it; the writer decides that one after the pending one, on its memory: the same command
+answers its first outcome, another is refused as no longer needed (KubeVirt's controllers
+meet AlreadyExists there).
 
 Start-up replays the log into the read model, from the newest snapshot no later than the
 dispatcher's checkpoint (`projections.snapshots`), dispatching only past that checkpoint,
@@ -28,6 +39,8 @@ from controlplane.controllers import Controller
 from controlplane.controllers.dispatcher import Dispatcher
 from controlplane.controllers.scheduler import Scheduler
 from controlplane.defaults import (
+    CONTROL_BATCH_WAIT_SECONDS,
+    CONTROL_BATCHES_IN_FLIGHT,
     CONTROLLER_RETRIES,
     NODE_MONITOR_GRACE_SECONDS,
     NODE_MONITOR_PERIOD_SECONDS,
@@ -45,7 +58,7 @@ from controlplane.writer import Writer
 from events.aio import pause_unless_stopped, together, unless_stopped
 from events.codec import Event
 from events.messages import Command
-from events.subjects import Layout
+from events.subjects import Layout, split_aggregate_id
 from events.transient import is_transient, note, retry_until_stopped
 from projections.cluster import ClusterState
 from projections.follower import follow
@@ -78,6 +91,12 @@ class ControlLoop:
         self._unseen: list[Event] = []
         """Events folded that the controllers have not been shown yet."""
         self._woken = asyncio.Event()
+        self._in_flight: dict[tuple[str, str], int] = {}
+        """Objects (namespace, name) with controller commands not yet recorded: how many."""
+        self._held: dict[tuple[str, str], list[Event]] = {}
+        """Events on an object with a command in flight, shown to the controllers once
+        none is."""
+        self._batches: set[asyncio.Task[None]] = set()
         self._retrying: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
 
@@ -149,16 +168,30 @@ class ControlLoop:
         it is now (no await between two of them, so all decide on one state), and execute
         what they decide together. A command decided twice in a batch (the same id: the
         same decision on the same state) runs once, as last decided: the scheduler's
-        ledger counts its last placement."""
+        ledger counts its last placement. An event on an object with a command in flight
+        is held back until it is recorded."""
         if not await unless_stopped(self.live.wait(), stop):
             return
         while await unless_stopped(self._woken.wait(), stop):
             self._woken.clear()
             events, self._unseen = self._unseen, []
-            decided = {command.id: command for event in events
-                       for controller in self.controllers
-                       for command in controller.on_event(self.state, event)}
-            await self.execute(list(decided.values()))
+            decided: dict[str, Command] = {}
+            for event in events:
+                _, namespace, name = split_aggregate_id(event.originator_id)
+                if (namespace, name) in self._in_flight:
+                    self._held.setdefault((namespace, name), []).append(event)
+                    continue
+                for controller in self.controllers:
+                    for command in controller.on_event(self.state, event):
+                        decided[command.id] = command
+            if decided:
+                batch = asyncio.ensure_future(self.execute(list(decided.values())))
+                self._batches.add(batch)
+                batch.add_done_callback(self._batches.discard)
+                await asyncio.wait([batch], timeout=CONTROL_BATCH_WAIT_SECONDS)
+            while len(self._batches) >= CONTROL_BATCHES_IN_FLIGHT:
+                await asyncio.wait(self._batches, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.gather(*self._batches, return_exceptions=True)
 
     async def _caught_up(self) -> None:
         self.writer.handler.memory.complete = True
@@ -201,20 +234,32 @@ class ControlLoop:
             await pause_unless_stopped(stop, VM_BACKOFF_CHECK_PERIOD_SECONDS)
 
     async def execute(self, commands: list[Command]) -> None:
-        """Run controller commands, all at once (the writer orders those on one object);
-        fold their events in at once so the next decision sees them (the same events arrive
-        again from the log and are skipped). An event that lands on an object changed
-        meanwhile by someone else (a client's command, another replica) waits for the log,
-        which brings the other change first."""
-        results = await asyncio.gather(*[self.writer.execute(c) for c in commands],
-                                       return_exceptions=True)
-        for command, result in zip(commands, results, strict=True):
-            if isinstance(result, BaseException):
-                self._retry_later(command, result)
-                continue
+        """Run controller commands, all at once (the writer orders those on one object)."""
+        await asyncio.gather(*[self._execute_one(c) for c in commands])
+
+    async def _execute_one(self, command: Command) -> None:
+        """Run one controller command and fold its events in at once, so the next decision
+        sees them (the same events arrive again from the log and are skipped); then show
+        the controllers what was held back for its object. An event that lands on an
+        object changed meanwhile by someone else (a client's command, another replica)
+        waits for the log, which brings the other change first."""
+        key = (command.namespace, command.name)
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        try:
+            result = await self.writer.execute(command)
+        except Exception as e:
+            self._retry_later(command, e)
+        else:
             for sequence, event in sorted(result.events, key=lambda pair: pair[0]):
                 if self.state.is_next(event):
                     self.state.apply(event, sequence)
+        finally:
+            left = self._in_flight.pop(key) - 1
+            if left:
+                self._in_flight[key] = left
+            elif (held := self._held.pop(key, None)) is not None:
+                self._unseen[:0] = held  # before anything newer on it
+                self._woken.set()
 
     def _retry_later(self, command: Command, error: BaseException) -> None:
         """A controller command the log could not take now (a lost connection, a server
