@@ -45,7 +45,7 @@ INTAKE_CONCURRENCY: Final = 32
 writer's pipeline full (a command spends a few round trips and a share of a group commit
 in it), few enough that the rest wait in the stream rather than in this process, where the
 controllers' commands would queue behind them: at 10,000 VMs, 256 at once gave the same
-throughput and a controller lag of 6.7-8.6 s, 32 gave 1.2-1.5 s, 16 cost a sixth of the
+throughput and a controller lag of 6.7-8.6 s, 32 gave 1.5-1.9 s, 16 cost a sixth of the
 throughput."""
 PULL_EXPIRES_SECONDS: Final = 5.0
 """How long one of the intake's pull requests waits on the server for messages."""
