@@ -82,7 +82,9 @@ fi
 echo "virtbus-guest: ready"
 while true; do sleep 3600; done
 """
-ADDRESS_LINE = re.compile(r"virtbus-guest: address (\S+) gateway (\S+)")
+ADDRESS_LINE = re.compile(r"virtbus-guest: address (\S+) gateway (\S+)\r?\n")
+"""A whole line: the console log is read while the guest writes it, and a line half
+written would give half an address."""
 
 
 @pytest.fixture(scope="module")

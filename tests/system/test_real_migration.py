@@ -93,8 +93,9 @@ while true; do
     sleep 1
 done
 """
-TICK = re.compile(r"virtbus-guest: tick (\d+) disk (\S*)")
-ADDRESS = re.compile(r"virtbus-guest: address (\S+)")
+TICK = re.compile(r"virtbus-guest: tick (\d+) disk (\S*)\r?\n")
+ADDRESS = re.compile(r"virtbus-guest: address (\S+)\r?\n")
+"""Whole lines: the console log is read while the guest writes it."""
 
 
 @dataclass(frozen=True)
