@@ -74,18 +74,22 @@ def test_sim_state_is_refused_off_the_default_test_driver(uri: str, tmp_path: Pa
 
 
 def test_each_save_writes_what_changed_since_the_last(tmp_path: Path) -> None:
-    """Saves reuse each unchanged guest's part of the file: one paused since, and one started
-    anew under the same uuid (another VMI with the same firmware uuid) between two saves,
-    are written as they are now."""
+    """Saves reuse each unchanged guest's part of the file: one paused since, one resumed
+    since, and one started anew under the same uuid (another VMI with the same firmware
+    uuid) between two saves, are written as they are now."""
     quiet_libvirt_errors()
     host = SimulatedHost(tmp_path / "host.xml")
     conn = libvirt.open(host.uri)
     try:
         conn.defineXML(guest("paused")).create()
+        resumed = conn.defineXML(guest("resumed"))
+        resumed.create()
+        resumed.suspend()
         first = guest("again")
         conn.defineXML(first).create()
         host.save(conn)
         conn.lookupByName("paused").suspend()
+        resumed.resume()
         old = conn.lookupByName("again")
         old.destroy()
         old.undefine()
@@ -97,6 +101,49 @@ def test_each_save_writes_what_changed_since_the_last(tmp_path: Path) -> None:
     again = libvirt.open(host.uri)
     try:
         assert again.lookupByName("paused").state()[0] == libvirt.VIR_DOMAIN_PAUSED
+        assert again.lookupByName("resumed").state()[0] == libvirt.VIR_DOMAIN_RUNNING
         assert vmi_of(again.lookupByName("again"), "virtbus") == VMIRef("ns", "again", "uid-new")
     finally:
         again.close()
+
+
+def test_a_new_connection_is_saved_as_it_is(tmp_path: Path) -> None:
+    """Ids number one connection's starts: a guest of a new connection under an id a guest
+    of the last one had is written as itself."""
+    quiet_libvirt_errors()
+    host = SimulatedHost(tmp_path / "host.xml")
+    first = libvirt.open(host.uri)
+    try:
+        first.defineXML(guest("first")).create()
+        host.save(first)
+    finally:
+        first.close()
+    (tmp_path / "host.xml").unlink()
+    second = libvirt.open(host.uri)
+    try:
+        second.defineXML(guest("second")).create()
+        assert second.lookupByName("second").ID() == 1
+        host.save(second)
+    finally:
+        second.close()
+
+    again = libvirt.open(host.uri)
+    try:
+        assert [d.name() for d in again.listAllDomains(0)] == ["second"]
+    finally:
+        again.close()
+
+
+def test_a_torn_host_file_is_a_host_that_lost_its_guests(tmp_path: Path) -> None:
+    """What a power loss may leave (a host file cut short) opens as an empty host, kept beside
+    it for a person to read, as a real host comes back from one without its guests."""
+    quiet_libvirt_errors()
+    path = tmp_path / "host.xml"
+    path.write_text("<node>\n<domain type='test'><name>cut</na")
+    host = SimulatedHost(path)
+    conn = libvirt.open(host.uri)
+    try:
+        assert conn.listAllDomains(0) == []
+    finally:
+        conn.close()
+    assert (tmp_path / "host.xml.torn").read_text().endswith("<name>cut</na")
