@@ -13,8 +13,14 @@
 | `/metrics`                                                       | Prometheus text     |
 | `/healthz`                                                       | `ok`                |
 
-Read-only, GET only; a miss is a Kubernetes `Status` object with code 404. aiohttp serves
-it (the maintained asyncio HTTP server); `respond` is the whole API, a pure function.
+Read-only, GET only; a miss is a Kubernetes `Status` object with code 404. A list asked with
+`limit` comes a page at a time, as kube-apiserver pages one: at most `limit` items, and
+`metadata.continue` (with `remainingItemCount`) while items remain; every page is cut from
+the first page's state (`projections.paging`), and a list no longer kept is rebuilt from the
+log at that state (an audit read: 429 `TooManyRequests` past the asker's bucket). A `limit`
+that is no integer, or a `continue` token this service did not give, is 400 `BadRequest`.
+aiohttp serves it (the maintained asyncio HTTP server); `respond` answers every path but a
+list's pages (`list_page`), a pure function.
 
 Who asks is who a bearer token names, from a static token file in Kubernetes' own format
 (kube-apiserver's `--token-auth-file`); no token is `system:anonymous`, a token the file
@@ -37,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+import msgspec
 import structlog
 from aiohttp import web
 
@@ -53,6 +60,7 @@ from events.policy import PathRequest, Policy
 from events.query import Query
 from projections.cluster import ClusterState
 from projections.hco import METRICS_QUERY
+from projections.paging import Listed, ListPages, parse_continue
 
 log = structlog.get_logger(__name__)
 
@@ -83,8 +91,20 @@ class Reader(Protocol):
 
     def process_metrics(self) -> bytes: ...
 
+    async def listed_at(self, sequence: int, query: Query, asker: str) -> Listed:
+        """The list `query` names as `asker` saw it at `sequence`, rebuilt from the log;
+        `TooManyRequests` past the asker's audit reads."""
+
     def refuse(self, reason: str, **detail: str) -> None:
         """Count and log a refusal."""
+
+
+class TooManyRequests(Exception):
+    """An audit read past the asker's bucket: 429, to be asked again in `retry_after_seconds`."""
+
+    def __init__(self, retry_after_seconds: int) -> None:
+        self.retry_after_seconds = retry_after_seconds
+        super().__init__("Too many requests, please try again later.")
 
 
 class StaticTokens:
@@ -193,14 +213,53 @@ def respond(state: ClusterState, render: Render, path: str,
         if not items:
             return _status(404, "NotFound", f'{query.kind.lower()} "{query.name}" not found')
         return 200, "application/json", json.dumps(items[0]).encode()
+    return _list(query, items, {"resourceVersion": str(state.last_sequence)})
+
+
+async def list_page(state: ClusterState, reader: Reader, pages: ListPages, asker: str,
+                    query: Query, *, limit_param: str,
+                    continue_param: str) -> tuple[int, str, bytes]:
+    """(status, content type, body) for one page of the list `query` names (see the
+    module): the first cut from the state now, a further one from the list it continues;
+    `TooManyRequests` when that list must be rebuilt and the asker has no audit read left."""
+    try:
+        limit = int(limit_param or "0")
+    except ValueError:
+        return _status(400, "BadRequest", f"limit: must be an integer, not {limit_param[:40]!r}")
+    try:
+        continued = parse_continue(continue_param)
+    except ValueError as e:
+        return _status(400, "BadRequest", str(e))
+    key = (asker, query.kind, query.namespace)
+    if continued is None:
+        sequence, offset = state.last_sequence, 0
+        listed: Listed | None = Listed.of(reader.render(state, query, asker))
+    else:
+        sequence, offset = continued
+        listed = pages.get(key, sequence)
+    if listed is None:
+        listed = await reader.listed_at(sequence, query, asker)
+    items, token = pages.page(key, sequence, listed, offset, limit=max(limit, 0))
+    metadata: dict[str, Any] = {"resourceVersion": str(sequence)}
+    if token:
+        metadata |= {"continue": token,
+                     "remainingItemCount": len(listed.items) - offset - len(items)}
+    return _list(query, [msgspec.msgpack.decode(item) for item in items], metadata)
+
+
+def _list(query: Query, items: list[dict[str, Any]],
+          metadata: dict[str, Any]) -> tuple[int, str, bytes]:
     body = {"apiVersion": "v1", "kind": f"{query.kind}List", "items": items,
-            "metadata": {"resourceVersion": str(state.last_sequence)}}
+            "metadata": metadata}
     return 200, "application/json", json.dumps(body).encode()
 
 
-def _status(code: int, reason: str, message: str) -> tuple[int, str, bytes]:
-    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-            "reason": reason, "code": code}
+def _status(code: int, reason: str, message: str,
+            details: dict[str, Any] | None = None) -> tuple[int, str, bytes]:
+    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                            "message": message, "reason": reason, "code": code}
+    if details:
+        body["details"] = details
     return code, "application/json", json.dumps(body).encode()
 
 
@@ -231,20 +290,35 @@ async def serve(state: ClusterState, reader: Reader, host: str, port: int,
     the HTTP; every path is answered by `respond` as its asker (`asker`) sees it (without a
     token file, any token is unknown), any method but GET is 405."""
     known = tokens or StaticTokens({})
+    pages = ListPages()
 
     async def get(request: web.Request) -> web.Response:
+        try:
+            code, ctype, body = await answer(request)
+        except TooManyRequests as e:
+            code, ctype, body = _status(429, "TooManyRequests", str(e),
+                                        {"retryAfterSeconds": e.retry_after_seconds})
+            return web.Response(status=code, body=body, headers={
+                "Content-Type": ctype, "Retry-After": str(e.retry_after_seconds)})
+        return web.Response(status=code, body=body, headers={"Content-Type": ctype})
+
+    async def answer(request: web.Request) -> tuple[int, str, bytes]:
         user = asker(request, known, trust_proxy_headers)
         if user is None:
             reader.refuse(UNAUTHORIZED, path=request.path)
-            code, ctype, body = _status(401, "Unauthorized", "Unauthorized")
-        elif request.path == METRICS_PATH and not reader.policy.allows(
+            return _status(401, "Unauthorized", "Unauthorized")
+        if request.path == METRICS_PATH and not reader.policy.allows(
                 user, access := PathRequest("get", METRICS_PATH)):
             reader.refuse(FORBIDDEN_PATH, path=request.path, user=user)
-            code, ctype, body = _status(403, "Forbidden", f"forbidden: User {user!r} {access}")
-        else:
-            code, ctype, body = respond(state, lambda s, q: reader.render(s, q, user),
-                                        request.path, reader.process_metrics)
-        return web.Response(status=code, body=body, headers={"Content-Type": ctype})
+            return _status(403, "Forbidden", f"forbidden: User {user!r} {access}")
+        routed = route(request.path)
+        if routed is not None and not routed[1] and (
+                "limit" in request.query or "continue" in request.query):
+            return await list_page(state, reader, pages, user, routed[0],
+                                   limit_param=request.query.get("limit", ""),
+                                   continue_param=request.query.get("continue", ""))
+        return respond(state, lambda s, q: reader.render(s, q, user), request.path,
+                       reader.process_metrics)
 
     async def refuse(_request: web.Request) -> web.Response:
         code, ctype, body = _status(405, "MethodNotAllowed", "the read API is read-only")

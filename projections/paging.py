@@ -69,13 +69,15 @@ class ListPages:
             self._lists.move_to_end((key, sequence))
         return found
 
-    def page(self, key: Hashable, sequence: int, listed: Listed, offset: int,
-             budget: int) -> tuple[list[msgspec.Raw], str]:
-        """The items from `offset` that fit in `budget` bytes (one at least), and the token
-        of the next page ('' after the last); a list with pages left is kept."""
+    def page(self, key: Hashable, sequence: int, listed: Listed, offset: int, *,
+             budget: int = 0, limit: int = 0) -> tuple[list[msgspec.Raw], str]:
+        """The items from `offset` that fit in `budget` bytes and number at most `limit`
+        (one at least; 0: no bound), and the token of the next page ('' after the last); a
+        list with pages left is kept."""
         end, used = offset, 0
-        while end < len(listed.items) and (end == offset or
-                                           used + len(listed.items[end]) <= budget):
+        while end < len(listed.items) and (end == offset or (
+                (not budget or used + len(listed.items[end]) <= budget)
+                and (not limit or end - offset < limit))):
             used += len(listed.items[end])
             end += 1
         if end >= len(listed.items):

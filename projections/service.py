@@ -212,6 +212,17 @@ class ReadService:
         """This process's own counters, for `/metrics` (not functions of the log)."""
         return generate_latest(self.registry)
 
+    async def listed_at(self, sequence: int, query: Query, asker: str) -> Listed:
+        """An HTTP list's page no longer kept: the list rebuilt at its sequence, an audit
+        read (`http.TooManyRequests` past the asker's bucket, counted and logged)."""
+        try:
+            self._audit_read(asker)
+        except Refused as e:
+            self.refuse(e.reason, asker=asker, verb="http list", error=str(e))
+            raise http.TooManyRequests(e.retry_after_seconds) from None
+        listed, _ = await self._rebuilt(sequence, query, asker)
+        return listed
+
     async def _on_event(self, sequence: int, event: Event) -> None:
         self.state.apply(event, sequence)
         async with self.advanced:
@@ -307,9 +318,9 @@ class ReadService:
             await self._advanced_to(after, READ_WAIT_SECONDS)
             listed = self._listed(self.state, query, asker)
             sequence = self.state.last_sequence
-        items, token = self.pages.page(key, sequence, listed,
-                                       continued.offset if continued is not None else 0,
-                                       self.page_bytes or int(self.nc.max_payload * PAGE_SHARE))
+        items, token = self.pages.page(
+            key, sequence, listed, continued.offset if continued is not None else 0,
+            budget=self.page_bytes or int(self.nc.max_payload * PAGE_SHARE))
         # Items encoded already: msgspec writes a Raw as its bytes, the asker decodes dicts.
         return Answer(items=cast(list[dict[str, Any]], items), sequence=sequence,
                       continue_=token)

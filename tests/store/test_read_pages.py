@@ -1,8 +1,9 @@
 """A `get` answer too large for one NATS message comes a page at a time (`continue`, as
 kube-apiserver pages a list), and every page is cut from the first page's state: an object
 created between two pages is in none of them, whether the list was still kept or had to be
-rendered again at its sequence. `events.query.ask` (a node agent's reads) takes every page,
-and a node's list of VMIs holds only that node's."""
+rendered again at its sequence. The HTTP API pages a list asked with `limit` the same way.
+`events.query.ask` (a node agent's reads) takes every page, and a node's list of VMIs holds
+only that node's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import msgspec
 import pytest
 from nats.aio.client import Client
@@ -20,7 +22,9 @@ from events.connect import connect
 from events.query import Answer, Query, query_subject
 from events.streams import ensure_all
 from events.subjects import Layout
+from projections import http
 from projections.paging import ListPages
+from projections.ratelimit import AskerLimits, AuditLimit
 from projections.rendering import render
 from projections.service import MALFORMED, QUERIES_REFUSED, ReadService
 from tests.store.helpers import SyncHandler, register
@@ -60,6 +64,7 @@ async def service(handler: SyncHandler, nats_url: str,
                 except NoRespondersError:
                     pass
                 await asyncio.sleep(0.05)
+        await _folded(nc, layout)
         yield reads, nc, layout
     finally:
         stop.set()
@@ -121,6 +126,99 @@ def test_a_nodes_list_of_vmis_holds_only_that_nodes(handler: SyncHandler) -> Non
         listed = render(cluster.state, Query(kind="VirtualMachineInstance", node=node))
         assert names(listed) == sorted(n for n, on in placed.items() if on == node)
         assert {item["status"]["nodeName"] for item in listed} == {node}
+
+
+async def _http_get(session: aiohttp.ClientSession, port: int,
+                    path: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+    async with session.get(f"http://127.0.0.1:{port}{path}") as response:
+        return response.status, await response.json(), dict(response.headers)
+
+
+async def test_an_http_list_with_limit_comes_in_pages_of_the_first_pages_state(
+        service: tuple[ReadService, Client, Layout], handler: SyncHandler) -> None:
+    """kube-apiserver's `limit`/`continue`: `remainingItemCount` while items remain, one
+    `resourceVersion` for every page, an object created between pages on none of them, kept
+    while kept; no `limit`, the whole list."""
+    reads, nc, layout = service
+    runner = await http.serve(reads.state, reads, "127.0.0.1", 0)
+    [(_, port, *_)] = runner.addresses
+    try:
+        async with aiohttp.ClientSession() as session:
+            code, whole, _ = await _http_get(session, port, "/api/v1/nodes")
+            assert code == 200 and "continue" not in whole["metadata"]
+            assert names(whole["items"]) == [f"n{i}" for i in range(7)]
+            code, first, _ = await _http_get(session, port, "/api/v1/nodes?limit=3")
+            assert code == 200 and names(first["items"]) == ["n0", "n1", "n2"]
+            assert first["metadata"]["remainingItemCount"] == 4
+            await asyncio.to_thread(register, handler, "m-late")  # would be on the next page
+            got, page = list(first["items"]), first
+            while "continue" in page["metadata"]:
+                token = page["metadata"]["continue"]
+                code, page, _ = await _http_get(session, port,
+                                                f"/api/v1/nodes?limit=3&continue={token}")
+                assert code == 200
+                assert page["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+                got += page["items"]
+                assert page["metadata"].get("remainingItemCount", 0) == 7 - len(got)
+            assert names(got) == [f"n{i}" for i in range(7)]
+            await _folded(nc, layout)
+            code, now, _ = await _http_get(session, port, "/api/v1/nodes?limit=100")
+            assert names(now["items"]) == ["m-late", *(f"n{i}" for i in range(7))]
+    finally:
+        await runner.cleanup()
+
+
+async def test_an_http_page_no_longer_kept_is_rebuilt_as_an_audit_read(
+        service: tuple[ReadService, Client, Layout], handler: SyncHandler) -> None:
+    """A server restarted between pages keeps no list: the next page is rebuilt from the log
+    at the first page's state, and past the asker's bucket it is 429 with `Retry-After`."""
+    reads, _, _ = service
+    reads.audit_limits = AskerLimits(AuditLimit(per_second=0.01, burst=1))
+    runner = await http.serve(reads.state, reads, "127.0.0.1", 0)
+    [(_, port, *_)] = runner.addresses
+    try:
+        async with aiohttp.ClientSession() as session:
+            _, first, _ = await _http_get(session, port, "/api/v1/nodes?limit=2")
+            token = first["metadata"]["continue"]
+        await runner.cleanup()
+        await asyncio.to_thread(register, handler, "m-late")
+        runner = await http.serve(reads.state, reads, "127.0.0.1", port)
+        async with aiohttp.ClientSession() as session:
+            code, page, _ = await _http_get(session, port,
+                                            f"/api/v1/nodes?limit=2&continue={token}")
+            assert code == 200 and names(page["items"]) == ["n2", "n3"]
+            assert page["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+            again = page["metadata"]["continue"]
+            await runner.cleanup()
+            runner = await http.serve(reads.state, reads, "127.0.0.1", port)
+            code, refused, headers = await _http_get(
+                session, port, f"/api/v1/nodes?limit=2&continue={again}")
+            assert (code, refused["reason"]) == (429, "TooManyRequests")
+            assert int(headers["Retry-After"]) == refused["details"]["retryAfterSeconds"] > 0
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(("query", "message"), [
+    ("limit=ten", "limit: must be an integer, not 'ten'"),
+    ("limit=2&continue=1.x;drop", "continue: not a token this service gave, '1.x;drop'")])
+async def test_an_http_list_refuses_a_bad_limit_or_continue_naming_it(
+        service: tuple[ReadService, Client, Layout], query: str, message: str) -> None:
+    reads, _, _ = service
+    runner = await http.serve(reads.state, reads, "127.0.0.1", 0)
+    [(_, port, *_)] = runner.addresses
+    try:
+        async with aiohttp.ClientSession() as session:
+            code, status, _ = await _http_get(session, port, f"/api/v1/nodes?{query}")
+        assert (code, status["reason"], status["message"]) == (400, "BadRequest", message)
+    finally:
+        await runner.cleanup()
+
+
+async def _folded(nc: Client, layout: Layout) -> None:
+    """Once the read service has folded every event in the log."""
+    last = (await nc.jetstream().stream_info(layout.events_stream)).state.last_seq
+    assert not (await ask(nc, layout, Query(kind="Node", after=last))).error
 
 
 async def _head(reads: ReadService) -> int:
