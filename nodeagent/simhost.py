@@ -82,9 +82,14 @@ class SimulatedHost:
                 self._conn, self._parts = conn, {}
             active = libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE
             ids = conn.listDomainsID()
-            not_running = {dom.ID(): dom.state()[0] for dom in conn.listAllDomains(
-                active | libvirt.VIR_CONNECT_LIST_DOMAINS_PAUSED
-                | libvirt.VIR_CONNECT_LIST_DOMAINS_OTHER)}
+            not_running: dict[int, int] = {}
+            for dom in conn.listAllDomains(active | libvirt.VIR_CONNECT_LIST_DOMAINS_PAUSED
+                                           | libvirt.VIR_CONNECT_LIST_DOMAINS_OTHER):
+                try:
+                    not_running[dom.ID()] = dom.state()[0]
+                except libvirt.libvirtError as err:
+                    if not is_no_domain(err):
+                        raise  # else: gone while we looked, as below
             transient = {dom.ID() for dom in conn.listAllDomains(
                 active | libvirt.VIR_CONNECT_LIST_DOMAINS_TRANSIENT)}
             parts: dict[int, tuple[_Seen, str]] = {}

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any, cast
 
 import libvirt
 import pytest
@@ -147,3 +148,42 @@ def test_a_torn_host_file_is_a_host_that_lost_its_guests(tmp_path: Path) -> None
     finally:
         conn.close()
     assert (tmp_path / "host.xml.torn").read_text().endswith("<name>cut</na")
+
+
+class _RemovingWhileListed:
+    """A connection on which a paused guest is removed (by the agent's work, on another
+    thread) just after a save listed it."""
+
+    def __init__(self, conn: libvirt.virConnect, name: str) -> None:
+        self.conn, self.name = conn, name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.conn, attr)
+
+    def listAllDomains(self, flags: int = 0) -> list[libvirt.virDomain]:
+        listed = self.conn.listAllDomains(flags)
+        if flags & libvirt.VIR_CONNECT_LIST_DOMAINS_PAUSED:
+            gone = self.conn.lookupByName(self.name)
+            gone.destroy()
+            gone.undefine()
+        return listed
+
+
+def test_a_guest_removed_while_a_save_looks_is_left_out(tmp_path: Path) -> None:
+    quiet_libvirt_errors()
+    host = SimulatedHost(tmp_path / "host.xml")
+    conn = libvirt.open(host.uri)
+    try:
+        conn.defineXML(guest("stays")).create()
+        removed = conn.defineXML(guest("removed"))
+        removed.create()
+        removed.suspend()
+        host.save(cast(libvirt.virConnect, _RemovingWhileListed(conn, "removed")))
+    finally:
+        conn.close()
+
+    again = libvirt.open(host.uri)
+    try:
+        assert [d.name() for d in again.listAllDomains(0)] == ["stays"]
+    finally:
+        again.close()
