@@ -39,6 +39,7 @@ import csv
 import hashlib
 import ipaddress
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -46,6 +47,7 @@ from typing import Any, Final, Protocol
 import msgspec
 import structlog
 from aiohttp import web
+from nats.errors import Error as NatsError
 
 from events.api.instancetype import (
     API_VERSIONS,
@@ -73,6 +75,8 @@ ANONYMOUS: Final = "system:anonymous"
 METRICS_PATH: Final = "/metrics"
 UNAUTHORIZED: Final = "unauthorized"
 """A `refuse` reason: a bearer token the token file does not hold (or no bearer token)."""
+BAD_PARAMETER: Final = "bad_parameter"
+"""A `refuse` reason: a list's `limit` or `continue` that is not one (400)."""
 FORBIDDEN_PATH: Final = "forbidden_path"
 """A `refuse` reason: a path the policy does not let the user get (`/metrics`)."""
 REMOTE_USER_HEADER: Final = "X-Remote-User"
@@ -158,6 +162,13 @@ INSTANCETYPE_RESOURCES = {"virtualmachineinstancetypes": INSTANCETYPE,
 CLUSTER_INSTANCETYPE_RESOURCES = {"virtualmachineclusterinstancetypes": CLUSTER_INSTANCETYPE,
                                   "virtualmachineclusterpreferences": CLUSTER_PREFERENCE}
 INSTANCETYPE_VERSIONS = [v.rpartition("/")[2] for v in API_VERSIONS]
+LIMIT: Final = re.compile(r"(-?[0-9]{1,18})?")
+"""A list's `limit`: an integer (Go's ParseInt, as kube-apiserver reads it); 0 or below,
+or none, is no limit."""
+HTTP_LISTS_KEPT: Final = 8
+HTTP_LISTS_KEPT_EACH: Final = 2
+"""Lists kept for their further pages: kubectl and client-go page every list (500 items),
+so a few askers page at once; one asker keeps at most two of them."""
 
 
 def route(path: str) -> tuple[Query, bool] | None:
@@ -222,23 +233,33 @@ async def list_page(state: ClusterState, reader: Reader, pages: ListPages, asker
     """(status, content type, body) for one page of the list `query` names (see the
     module): the first cut from the state now, a further one from the list it continues;
     `TooManyRequests` when that list must be rebuilt and the asker has no audit read left."""
-    try:
-        limit = int(limit_param or "0")
-    except ValueError:
-        return _status(400, "BadRequest", f"limit: must be an integer, not {limit_param[:40]!r}")
+    def bad(message: str) -> tuple[int, str, bytes]:
+        reader.refuse(BAD_PARAMETER, user=asker, kind=query.kind, error=message)
+        return _status(400, "BadRequest", message)
+
+    if not LIMIT.fullmatch(limit_param):
+        return bad(f"limit: must be an integer, not {limit_param[:40]!r}")
+    limit = int(limit_param or "0")
     try:
         continued = parse_continue(continue_param)
     except ValueError as e:
-        return _status(400, "BadRequest", str(e))
+        return bad(str(e))
+    if continued is not None and continued.sequence > state.last_sequence:
+        return bad(f"continue: not a token this service gave, {continue_param[:40]!r} "
+                   "(a state it has not reached)")
     key = (asker, query.kind, query.namespace)
-    if continued is None:
-        sequence, offset = state.last_sequence, 0
-        listed: Listed | None = Listed.of(reader.render(state, query, asker))
-    else:
-        sequence, offset = continued
-        listed = pages.get(key, sequence)
+    sequence, offset = continued or (state.last_sequence, 0)
+    listed = pages.get(key, sequence)
+    if listed is None and sequence == state.last_sequence:  # the state now: no rebuild
+        listed = Listed.of(reader.render(state, query, asker))
     if listed is None:
-        listed = await reader.listed_at(sequence, query, asker)
+        try:
+            listed = await reader.listed_at(sequence, query, asker)
+        except (TimeoutError, NatsError) as e:
+            log.warning("a list page not rebuilt", user=asker, kind=query.kind,
+                        sequence=sequence, error=f"{type(e).__name__}: {e}")
+            return _status(503, "ServiceUnavailable",
+                           f"the log could not be read at {sequence}: {type(e).__name__}")
     items, token = pages.page(key, sequence, listed, offset, limit=max(limit, 0))
     metadata: dict[str, Any] = {"resourceVersion": str(sequence)}
     if token:
@@ -290,7 +311,7 @@ async def serve(state: ClusterState, reader: Reader, host: str, port: int,
     the HTTP; every path is answered by `respond` as its asker (`asker`) sees it (without a
     token file, any token is unknown), any method but GET is 405."""
     known = tokens or StaticTokens({})
-    pages = ListPages()
+    pages = ListPages(HTTP_LISTS_KEPT, HTTP_LISTS_KEPT_EACH)
 
     async def get(request: web.Request) -> web.Response:
         try:

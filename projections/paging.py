@@ -57,19 +57,22 @@ class Listed(NamedTuple):
 
 
 class ListPages:
-    """The lists whose further pages may still be asked for, newest kept."""
+    """The lists whose further pages may still be asked for, newest kept: `kept` in all, and
+    at most `kept_each` of one asker (the first part of a key), so that one asker paging
+    many lists does not push another's out (0: no bound of its own)."""
 
-    def __init__(self, kept: int = LISTS_KEPT) -> None:
+    def __init__(self, kept: int = LISTS_KEPT, kept_each: int = 0) -> None:
         self.kept = kept
-        self._lists: OrderedDict[tuple[Hashable, int], Listed] = OrderedDict()
+        self.kept_each = kept_each
+        self._lists: OrderedDict[tuple[tuple[Hashable, ...], int], Listed] = OrderedDict()
 
-    def get(self, key: Hashable, sequence: int) -> Listed | None:
+    def get(self, key: tuple[Hashable, ...], sequence: int) -> Listed | None:
         found = self._lists.get((key, sequence))
         if found is not None:
             self._lists.move_to_end((key, sequence))
         return found
 
-    def page(self, key: Hashable, sequence: int, listed: Listed, offset: int, *,
+    def page(self, key: tuple[Hashable, ...], sequence: int, listed: Listed, offset: int, *,
              budget: int = 0, limit: int = 0) -> tuple[list[msgspec.Raw], str]:
         """The items from `offset` that fit in `budget` bytes and number at most `limit`
         (one at least; 0: no bound), and the token of the next page ('' after the last); a
@@ -84,6 +87,10 @@ class ListPages:
             return listed.items[offset:], ""
         self._lists[(key, sequence)] = listed
         self._lists.move_to_end((key, sequence))
+        if self.kept_each:
+            own = [kept for kept in self._lists if kept[0][0] == key[0]]
+            for oldest in own[:-self.kept_each]:
+                del self._lists[oldest]
         while len(self._lists) > self.kept:
             self._lists.popitem(last=False)
         return listed.items[offset:end], Continuation(sequence, end).token()

@@ -23,7 +23,7 @@ from events.query import Answer, Query, query_subject
 from events.streams import ensure_all
 from events.subjects import Layout
 from projections import http
-from projections.paging import ListPages
+from projections.paging import Listed, ListPages
 from projections.ratelimit import AskerLimits, AuditLimit
 from projections.rendering import render
 from projections.service import MALFORMED, QUERIES_REFUSED, ReadService
@@ -144,13 +144,15 @@ async def test_an_http_list_with_limit_comes_in_pages_of_the_first_pages_state(
     [(_, port, *_)] = runner.addresses
     try:
         async with aiohttp.ClientSession() as session:
-            code, whole, _ = await _http_get(session, port, "/api/v1/nodes")
-            assert code == 200 and "continue" not in whole["metadata"]
-            assert names(whole["items"]) == [f"n{i}" for i in range(7)]
+            for unpaged in ("", "?limit=0", "?limit=-1"):  # kube-apiserver: no limit
+                code, whole, _ = await _http_get(session, port, f"/api/v1/nodes{unpaged}")
+                assert code == 200 and "continue" not in whole["metadata"]
+                assert names(whole["items"]) == [f"n{i}" for i in range(7)]
             code, first, _ = await _http_get(session, port, "/api/v1/nodes?limit=3")
             assert code == 200 and names(first["items"]) == ["n0", "n1", "n2"]
             assert first["metadata"]["remainingItemCount"] == 4
             await asyncio.to_thread(register, handler, "m-late")  # would be on the next page
+            await _folded(nc, layout)
             got, page = list(first["items"]), first
             while "continue" in page["metadata"]:
                 token = page["metadata"]["continue"]
@@ -172,7 +174,7 @@ async def test_an_http_page_no_longer_kept_is_rebuilt_as_an_audit_read(
         service: tuple[ReadService, Client, Layout], handler: SyncHandler) -> None:
     """A server restarted between pages keeps no list: the next page is rebuilt from the log
     at the first page's state, and past the asker's bucket it is 429 with `Retry-After`."""
-    reads, _, _ = service
+    reads, nc, layout = service
     reads.audit_limits = AskerLimits(AuditLimit(per_second=0.01, burst=1))
     runner = await http.serve(reads.state, reads, "127.0.0.1", 0)
     [(_, port, *_)] = runner.addresses
@@ -182,6 +184,7 @@ async def test_an_http_page_no_longer_kept_is_rebuilt_as_an_audit_read(
             token = first["metadata"]["continue"]
         await runner.cleanup()
         await asyncio.to_thread(register, handler, "m-late")
+        await _folded(nc, layout)
         runner = await http.serve(reads.state, reads, "127.0.0.1", port)
         async with aiohttp.ClientSession() as session:
             code, page, _ = await _http_get(session, port,
@@ -201,7 +204,10 @@ async def test_an_http_page_no_longer_kept_is_rebuilt_as_an_audit_read(
 
 @pytest.mark.parametrize(("query", "message"), [
     ("limit=ten", "limit: must be an integer, not 'ten'"),
-    ("limit=2&continue=1.x;drop", "continue: not a token this service gave, '1.x;drop'")])
+    ("limit= 5", "limit: must be an integer, not ' 5'"),
+    ("limit=2&continue=1.x;drop", "continue: not a token this service gave, '1.x;drop'"),
+    ("limit=2&continue=99999999.0", "continue: not a token this service gave, '99999999.0' "
+                                    "(a state it has not reached)")])
 async def test_an_http_list_refuses_a_bad_limit_or_continue_naming_it(
         service: tuple[ReadService, Client, Layout], query: str, message: str) -> None:
     reads, _, _ = service
@@ -211,8 +217,20 @@ async def test_an_http_list_refuses_a_bad_limit_or_continue_naming_it(
         async with aiohttp.ClientSession() as session:
             code, status, _ = await _http_get(session, port, f"/api/v1/nodes?{query}")
         assert (code, status["reason"], status["message"]) == (400, "BadRequest", message)
+        assert reads.registry.get_sample_value(f"{QUERIES_REFUSED}_total",
+                                               {"reason": http.BAD_PARAMETER}) == 1
     finally:
         await runner.cleanup()
+
+
+def test_one_asker_paging_many_lists_keeps_anothers() -> None:
+    pages = ListPages(kept=3, kept_each=2)
+    listed = Listed.of([{"n": i} for i in range(3)])
+    pages.page(("bob", "Node"), 1, listed, 0, limit=1)
+    for sequence in (1, 2, 3):
+        pages.page(("alice", "Node"), sequence, listed, 0, limit=1)
+    assert pages.get(("bob", "Node"), 1) is listed
+    assert [pages.get(("alice", "Node"), s) is listed for s in (1, 2, 3)] == [False, True, True]
 
 
 async def _folded(nc: Client, layout: Layout) -> None:
