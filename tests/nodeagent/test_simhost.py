@@ -3,9 +3,11 @@ same uuid, metadata and state; `--sim-state` is refused off the test driver."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,11 +30,20 @@ def guest(name: str) -> str:
     )
 
 
+@contextlib.contextmanager
+def opened(host: SimulatedHost) -> Iterator[libvirt.virConnect]:
+    """A connection to the host as its file holds it now."""
+    conn = libvirt.open(host.uri)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
 def test_a_saved_host_comes_back_with_its_guests(tmp_path: Path) -> None:
     quiet_libvirt_errors()
     host = SimulatedHost(tmp_path / "a dir" / "host.xml")
-    conn = libvirt.open(host.uri)
-    try:
+    with opened(host) as conn:
         assert conn.listAllDomains(0) == [], "a missing file is an empty host"
         running = conn.defineXML(guest("running"))
         running.create()
@@ -43,11 +54,8 @@ def test_a_saved_host_comes_back_with_its_guests(tmp_path: Path) -> None:
         conn.defineXML(guest("off"))
         before = {d.name(): d.UUIDString() for d in (running, paused, transient)}
         host.save(conn)
-    finally:
-        conn.close()
 
-    again = libvirt.open(host.uri)
-    try:
+    with opened(host) as again:
         found = {d.name(): d for d in again.listAllDomains(0)}
         assert {name: d.UUIDString() for name, d in found.items()} == before, \
             "active guests only: a shut-off domain cannot say why it stopped"
@@ -57,8 +65,6 @@ def test_a_saved_host_comes_back_with_its_guests(tmp_path: Path) -> None:
         assert not found["transient"].isPersistent()
         assert found["running"].isPersistent()
         assert vmi_of(found["paused"], "virtbus") == VMIRef("ns", "paused", "uid-paused")
-    finally:
-        again.close()
 
 
 @pytest.mark.parametrize("uri", ["qemu:///system", "test:///elsewhere.xml"])
@@ -80,8 +86,7 @@ def test_each_save_writes_what_changed_since_the_last(tmp_path: Path) -> None:
     uuid) between two saves, are written as they are now."""
     quiet_libvirt_errors()
     host = SimulatedHost(tmp_path / "host.xml")
-    conn = libvirt.open(host.uri)
-    try:
+    with opened(host) as conn:
         conn.defineXML(guest("paused")).create()
         resumed = conn.defineXML(guest("resumed"))
         resumed.create()
@@ -96,16 +101,11 @@ def test_each_save_writes_what_changed_since_the_last(tmp_path: Path) -> None:
         old.undefine()
         conn.defineXML(first.replace("uid='uid-again'", "uid='uid-new'")).create()
         host.save(conn)
-    finally:
-        conn.close()
 
-    again = libvirt.open(host.uri)
-    try:
+    with opened(host) as again:
         assert again.lookupByName("paused").state()[0] == libvirt.VIR_DOMAIN_PAUSED
         assert again.lookupByName("resumed").state()[0] == libvirt.VIR_DOMAIN_RUNNING
         assert vmi_of(again.lookupByName("again"), "virtbus") == VMIRef("ns", "again", "uid-new")
-    finally:
-        again.close()
 
 
 def test_a_new_connection_is_saved_as_it_is(tmp_path: Path) -> None:
@@ -113,26 +113,17 @@ def test_a_new_connection_is_saved_as_it_is(tmp_path: Path) -> None:
     of the last one had is written as itself."""
     quiet_libvirt_errors()
     host = SimulatedHost(tmp_path / "host.xml")
-    first = libvirt.open(host.uri)
-    try:
+    with opened(host) as first:
         first.defineXML(guest("first")).create()
         host.save(first)
-    finally:
-        first.close()
     (tmp_path / "host.xml").unlink()
-    second = libvirt.open(host.uri)
-    try:
+    with opened(host) as second:
         second.defineXML(guest("second")).create()
         assert second.lookupByName("second").ID() == 1
         host.save(second)
-    finally:
-        second.close()
 
-    again = libvirt.open(host.uri)
-    try:
+    with opened(host) as again:
         assert [d.name() for d in again.listAllDomains(0)] == ["second"]
-    finally:
-        again.close()
 
 
 def test_a_torn_host_file_is_a_host_that_lost_its_guests(tmp_path: Path) -> None:
@@ -142,11 +133,8 @@ def test_a_torn_host_file_is_a_host_that_lost_its_guests(tmp_path: Path) -> None
     path = tmp_path / "host.xml"
     path.write_text("<node>\n<domain type='test'><name>cut</na")
     host = SimulatedHost(path)
-    conn = libvirt.open(host.uri)
-    try:
+    with opened(host) as conn:
         assert conn.listAllDomains(0) == []
-    finally:
-        conn.close()
     assert (tmp_path / "host.xml.torn").read_text().endswith("<name>cut</na")
 
 
@@ -161,7 +149,7 @@ class _RemovingWhileListed:
         return getattr(self.conn, attr)
 
     def listAllDomains(self, flags: int = 0) -> list[libvirt.virDomain]:
-        listed = self.conn.listAllDomains(flags)
+        listed: list[libvirt.virDomain] = self.conn.listAllDomains(flags)
         if flags & libvirt.VIR_CONNECT_LIST_DOMAINS_PAUSED:
             gone = self.conn.lookupByName(self.name)
             gone.destroy()
@@ -172,18 +160,12 @@ class _RemovingWhileListed:
 def test_a_guest_removed_while_a_save_looks_is_left_out(tmp_path: Path) -> None:
     quiet_libvirt_errors()
     host = SimulatedHost(tmp_path / "host.xml")
-    conn = libvirt.open(host.uri)
-    try:
+    with opened(host) as conn:
         conn.defineXML(guest("stays")).create()
         removed = conn.defineXML(guest("removed"))
         removed.create()
         removed.suspend()
         host.save(cast(libvirt.virConnect, _RemovingWhileListed(conn, "removed")))
-    finally:
-        conn.close()
 
-    again = libvirt.open(host.uri)
-    try:
+    with opened(host) as again:
         assert [d.name() for d in again.listAllDomains(0)] == ["stays"]
-    finally:
-        again.close()
