@@ -16,7 +16,9 @@ created to scheduled, scheduled to launch published, launch to Running),
 `peak_rss_mb_<process>` (controlplane, projections, fleet, nats, bench), `nodes_not_ready`
 (NotReady transitions during the run: every simulated node is healthy, so each is false),
 `events` in the log, the control plane's cold restart to live with and without snapshots
-(`restart_live_s_snapshots`, `restart_live_s_no_snapshots`), `get_at_ms` /
+(`restart_live_s_snapshots`, `restart_live_s_no_snapshots`; `snapshot_sequence`, the one
+the benchmark wrote before, and `restart_start_sequence`, where the control plane started to
+fold the log, one past the snapshot it used), `get_at_ms` /
 `get_at_ms_no_snapshots` (every VM, all pages, the worst of a few past instants; null when
 one went unanswered for the client's whole wait), `get_at_one_ms` (one VM by name, as
 `virtbus get vm NAME --at` asks), `watch_since_first_ms` (a resumed watch to its first change),
@@ -71,6 +73,7 @@ POLL_SECONDS = 0.05
 """How often the bench looks at what it waits for (a process's log, the cluster)."""
 _decode_node_command = msgspec.msgpack.Decoder(NodeCommand).decode
 LIVE_LINE = '"control loop live"'
+REPLAYING_LINE = '"control loop replaying"'
 INSTANTS = 4
 """Past instants `get --at` is timed at, spread over the log."""
 
@@ -187,8 +190,19 @@ async def apply_one(vb: Client, document: dict[str, Any], timeout: float) -> Non
         raise SystemExit(f"apply refused: {outcome.reason}")
 
 
-async def restart_to_live(child: Child, timeout: float) -> float:
-    """Kill the control plane (SIGKILL), start it again: seconds until it says it is live."""
+async def snapshot_at_checkpoint(vb: Client, layout: Layout) -> int:
+    """Write a snapshot at the dispatcher's checkpoint, no later than it as the read service
+    writes them, so the restarted control plane may start from it; its sequence."""
+    checkpoint = await (await vb.nc.jetstream().key_value(
+        layout.checkpoints_bucket)).get("dispatcher")
+    sequence = int(checkpoint.value or b"0")
+    await Snapshots(vb.nc, layout).save(await audit.state_at(vb.nc, layout, sequence))
+    return sequence
+
+
+async def restart_to_live(child: Child, timeout: float) -> tuple[float, int]:
+    """Kill the control plane (SIGKILL), start it again: seconds until it says it is live,
+    and the sequence it folded the log from (1: no snapshot was used)."""
     assert child.process is not None
     child.process.send_signal(signal.SIGKILL)
     child.process.wait()
@@ -200,7 +214,10 @@ async def restart_to_live(child: Child, timeout: float) -> float:
         return child.log_path.read_text().count(LIVE_LINE) > lives
 
     await until(live, timeout, "the control plane live")
-    return time.monotonic() - began
+    seconds = time.monotonic() - began
+    replaying = [line for line in child.log_path.read_text().splitlines()
+                 if REPLAYING_LINE in line]
+    return seconds, int(json.loads(replaying[-1]).get("start", 0)) if replaying else 0
 
 
 async def get_at_ms(vb: Client, instants: list[int], name: str = "") -> float | None:
@@ -274,18 +291,14 @@ async def measure(args: argparse.Namespace, data: Path, server: EmbeddedNats) ->
             await read_all(vb.nc, layout.events_stream, layout.events_filter())
             raw_log_read_s = time.perf_counter() - raw_began
             instants = [max(1, last * (i + 1) // INSTANTS) for i in range(INSTANTS)]
-            # A snapshot no later than the dispatcher's checkpoint, as the read service
-            # writes them, so the restarted control plane may start from it.
-            checkpoint = await (await vb.nc.jetstream().key_value(
-                layout.checkpoints_bucket)).get("dispatcher")
-            await Snapshots(vb.nc, layout).save(
-                await audit.state_at(vb.nc, layout, int(checkpoint.value or b"0")))
-            restart_snapshots = await restart_to_live(procs["controlplane"], args.timeout)
+            snapshot_sequence = await snapshot_at_checkpoint(vb, layout)
+            restart_snapshots, restart_start = await restart_to_live(procs["controlplane"],
+                                                                     args.timeout)
             get_at = await get_at_ms(vb, instants)
             get_at_one = await get_at_ms(vb, instants, "vm-00000")
             watch_first = await watch_first_ms(vb, max(1, last - 100))
             await vb.nc.jetstream().purge_stream(layout.read_snapshots_stream)
-            restart_plain = await restart_to_live(procs["controlplane"], args.timeout)
+            restart_plain, _ = await restart_to_live(procs["controlplane"], args.timeout)
             get_at_plain = await get_at_ms(vb, instants)
     finally:
         stop.set()
@@ -306,6 +319,7 @@ async def measure(args: argparse.Namespace, data: Path, server: EmbeddedNats) ->
            for figure, value in (("p50", percentile(seconds, 50)), ("max", max(seconds)))},
         **rss,
         "restart_live_s_snapshots": round(restart_snapshots, 2),
+        "restart_start_sequence": restart_start, "snapshot_sequence": snapshot_sequence,
         "restart_live_s_no_snapshots": round(restart_plain, 2),
         "raw_log_read_s": round(raw_log_read_s, 3),
         "get_at_ms": _rounded(get_at), "get_at_ms_no_snapshots": _rounded(get_at_plain),

@@ -72,3 +72,5 @@ def test_bench_scale_prints_figures() -> None:
                   for step in ("vm_to_vmi", "vmi_to_scheduled", "scheduled_to_launch",
                                "launch_to_running") for figure in ("p50", "max"))):
         assert isinstance(figures[key], int | float) and figures[key] > 0, (key, figures)
+    # the restarted control plane folded from the benchmark's snapshot (or a newer one)
+    assert figures["restart_start_sequence"] > figures["snapshot_sequence"] > 0, figures
