@@ -41,13 +41,20 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     """'' when the client sent none."""
 
 
+LEASE_FILE_READS: Final = 5
+"""Reads of the lease file before taking the last one as it is (see `read_leases`)."""
+
+
 def read_leases(path: Path) -> dict[str, Lease]:
     """dnsmasq's lease file (`<expiry> <mac> <ip> <hostname> <client id>`), by MAC; a line
-    that is not one is skipped."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {}
+    that is not one is skipped. dnsmasq rewrites the file in place (truncated, then written
+    out), so a read can find it empty or half written: it is read until two reads in a row
+    agree."""
+    text, previous = _read_text(path), None
+    for _ in range(LEASE_FILE_READS - 1):
+        if text == previous:
+            break
+        text, previous = _read_text(path), text
     leases = {}
     for line in text.splitlines():
         fields = line.split()
@@ -56,6 +63,13 @@ def read_leases(path: Path) -> dict[str, Lease]:
             leases[mac] = Lease(mac=mac, ip=fields[2],
                                 client_id="" if fields[4] == "*" else fields[4])
     return leases
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
 
 
 class Dnsmasq:
