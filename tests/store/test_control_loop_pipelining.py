@@ -129,17 +129,24 @@ class Shown:
 async def test_a_slow_command_holds_back_only_decisions_about_its_own_object(
         handler: SyncHandler, nats_url: str, prefix: str) -> None:
     async with control_loop(nats_url, prefix,
-                            lambda nc, layout: SlowWriter(nc, layout, slow="slow")) as (_, w):
+                            lambda nc, layout: SlowWriter(nc, layout, slow="slow")) as (loop, w):
+        shown = Shown()  # after the VM controller: what it was shown, that one has decided
+        loop.controllers.append(shown)
         await accepted(handler, apply("slow"))
         await w.until_waiting()
         # The slow VM changes while its VMI's creation is in flight: decided on the state
         # without that VMI, it would be created a second time (refused once recorded).
-        await accepted(handler, apply("slow", labels={"tier": "gold"}))
+        [changed] = await accepted(handler, apply("slow", labels={"tier": "gold"}))
         await accepted(handler, apply("fast"))
         await w.until_created("fast")  # not behind the slow one's batch
         assert not w.released.is_set() and w.creations["slow"] == 1
         w.released.set()
         await w.until_created("slow")
+
+        async def decided() -> bool:  # the change, held back until now, decided on
+            return changed.id in shown.ids
+
+        await eventually(decided, what="the held change shown to the controllers")
         assert w.creations == {"slow": 1, "fast": 1}
 
 

@@ -176,8 +176,9 @@ async def test_a_heartbeat_stored_before_start_is_no_beat(
 
 # -- a claim that cannot be renewed -------------------------------------------------------
 
-RENEWAL_ACK_WAIT_SECONDS = 0.6
-"""The ack wait `claimed` renews against (a claim renewed every 0.2 s), for a short test."""
+RENEWAL_ACK_WAIT_SECONDS = 1.5
+"""The ack wait `claimed` renews against (a claim renewed every 0.5 s), short for a test, long
+enough that a loaded machine stalling the loop for a second does not let it lapse."""
 WORK_SECONDS = 5 * RENEWAL_ACK_WAIT_SECONDS / 3
 """How long the work takes while the server is gone: five renewals fail meanwhile."""
 
