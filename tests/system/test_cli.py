@@ -85,6 +85,8 @@ def cli(tmp_path: Path) -> Iterator[Cli]:
 
 def test_lifecycle_through_the_cli(cli: Cli, tmp_path: Path) -> None:
     assert "virtualmachine.kubevirt.io/testvm created" in cli("apply", "-f", str(EXAMPLE)).stdout
+    # `apply` says "unchanged" only for what the read model already holds.
+    cli.until("get", "vm", "testvm", contains="testvm")
     assert "unchanged" in cli("apply", "-f", str(EXAMPLE)).stdout
     cli.until("get", "vm", contains="Running   True")
     vmi = yaml.safe_load(cli("get", "vmi", "testvm", "-o", "yaml").stdout)
@@ -99,7 +101,9 @@ def test_lifecycle_through_the_cli(cli: Cli, tmp_path: Path) -> None:
     cli("restart", "testvm")
     cli.until("get", "vm", "testvm", "-o", "json", contains='"restartCount": 1')
 
-    history = json.loads(cli("history", "vm", "testvm", "-o", "json").stdout)
+    # restartCount is the restart command's own event; the new VMI's comes steps later.
+    history = json.loads(cli.until("history", "vm", "testvm", "-o", "json",
+                                   contains="VirtualMachineStartRequestDone"))
     assert [h["type"] for h in history] == [
         "VirtualMachineCreated", "VirtualMachineRunStrategyChanged",
         "VirtualMachineRunStrategyChanged", "VirtualMachineRestartRequested",
@@ -131,6 +135,8 @@ def test_instancetypes_through_the_cli(cli: Cli) -> None:
     applied = cli("apply", "-f", str(examples / "common-instancetypes.yaml")).stdout
     assert "virtualmachineclusterinstancetype.instancetype.kubevirt.io/u1.small created" \
         in applied
+    # The file's last document: once the read model holds it, it holds all six (log order).
+    cli.until("get", "vmcf", "cx1.large", contains="cx1.large")
     assert "unchanged" in cli("apply", "-f", str(examples / "common-instancetypes.yaml")).stdout
     for name in ("vmclusterinstancetype", "vmclusterinstancetypes", "vmcf", "vmcfs",
                  "virtualmachineclusterinstancetypes"):
@@ -145,7 +151,7 @@ def test_instancetypes_through_the_cli(cli: Cli) -> None:
 
     cli("apply", "-f", str(examples / "vm-cirros-csmall.yaml"))
     for name in ("vminstancetype", "vmf", "virtualmachineinstancetype"):
-        assert "csmall" in cli("get", name).stdout
+        cli.until("get", name, contains="csmall")
     assert "No resources found" in cli("get", "vmpref").stdout
     cli("start", "vm-cirros-csmall")
     first = yaml.safe_load(cli.until("get", "vmi", "vm-cirros-csmall", "-o", "yaml",

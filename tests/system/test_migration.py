@@ -199,7 +199,9 @@ async def test_a_drain_holds_the_limits_at_every_moment(three_nodes: System,
     assert (await vb.act("Node", "cordon", "", "node-3")).accepted
     names = [f"vm{i}" for i in range(4)]  # two a node: four could move at once, three may
     for name in names:
-        await vb.apply(vm(name, dirty_rate="60M", evictionStrategy="LiveMigrate"))
+        # 5M a second net: each transfer takes some 6 s, so the third is admitted before
+        # the first two are done even on a loaded machine.
+        await vb.apply(vm(name, dirty_rate="120M", evictionStrategy="LiveMigrate"))
     for name in names:
         await running_on(vb, name)
     assert (await vb.act("Node", "uncordon", "", "node-3")).accepted

@@ -22,7 +22,7 @@ def test_placement_through_the_cli(cli: Cli, tmp_path: Path) -> None:
         "node/node-2 tainted\n"
     assert cli("cordon", "node-1").stdout == "node/node-1 cordoned\n"
     assert cli("cordon", "node-1").stdout == "node/node-1 already cordoned\n"
-    assert "node-1   Ready,SchedulingDisabled" in cli("get", "nodes").stdout
+    cli.until("get", "nodes", contains="node-1   Ready,SchedulingDisabled")
 
     vm = yaml.safe_load(EXAMPLE.read_text())
     vm["spec"]["template"]["spec"]["nodeSelector"] = {"disk": "ssd"}
