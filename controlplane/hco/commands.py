@@ -227,7 +227,11 @@ def _operand_apply(d_: Decision) -> None:
 
 
 def _operand_reconcile(d_: Decision) -> None:
-    """The controller's write of what HCO derived, decided against the operand as it is now."""
+    """The controller's write of what HCO derived, decided against the operand as it is now,
+    and only while the HyperConverged is there: a write the controller decided before its
+    delete may be recorded after it, and must not bring a deleted operand back."""
+    if not load_hco(d_).exists:
+        return
     desired = d_.command.manifest or {}
     kind, name = str(desired["kind"]), str(desired["metadata"]["name"])
     agg = d_.load(operand_id(kind, name), OperandView)
