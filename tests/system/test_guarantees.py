@@ -5,6 +5,7 @@ control plane loses no accepted command and launches nothing twice."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 import pytest
@@ -14,10 +15,10 @@ from events.errors import InvalidSpec
 from events.messages import Outcome
 from tests.system.harness import (
     System,
+    command_topics_since,
     domains,
     eventually,
     last_sequence,
-    topics_since,
     vm_manifest,
     vmi_phase,
 )
@@ -65,7 +66,7 @@ async def test_bad_input_is_refused_with_field_and_rule_and_appends_nothing(
     with pytest.raises(InvalidSpec, match="document 1"):
         await vb.apply(vm_manifest("fine"), BAD_MANIFESTS[2][0])
     refusals = len(BAD_MANIFESTS) + 2
-    assert await topics_since(vb, before) == ["CommandRejected.v1"] * refusals
+    assert await command_topics_since(vb, before) == ["CommandRejected.v1"] * refusals
     assert await vb.query("VirtualMachine") == []
 
 
@@ -147,7 +148,7 @@ async def test_kill_9_of_the_control_plane_loses_no_command_and_launches_nothing
     outcomes = [await vb.outcome(c.id) for c in commands]
     assert all(o.accepted for o in outcomes), outcomes
     for name in names:
-        await eventually(lambda n=name: vmi_phase(vb, n, "Running"), what=f"{name} Running")
+        await eventually(partial(vmi_phase, vb, name, "Running"), what=f"{name} Running")
     # Resubmitting a command already applied answers with its first outcome.
     await vb.submit(commands[0])
     assert (await vb.outcome(commands[0].id)).sequences == outcomes[0].sequences

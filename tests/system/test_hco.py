@@ -16,6 +16,7 @@ from projections.hco_metrics import OUT_OF_BAND_MODIFICATIONS, UNSAFE_MODIFICATI
 from projections.rendering import render
 from tests.system.harness import (
     System,
+    command_topics_since,
     condition,
     eventually,
     last_sequence,
@@ -217,7 +218,7 @@ async def uninstall_strategies(vb: Client) -> None:
     with pytest.raises(CommandRejected) as refused:
         await vb.act(HCO, "delete", "", d.DEFAULT_NAME)
     assert refused.value.outcome.field == "spec.uninstallStrategy"
-    assert await topics_since(vb, before) == ["CommandRejected.v1"] * 2
+    assert await command_topics_since(vb, before) == ["CommandRejected.v1"] * 2
 
     await vb.patch(HCO, "", d.DEFAULT_NAME, {"spec": {"uninstallStrategy": "RemoveWorkloads"}})
     deleted = (await vb.act(HCO, "delete", "", d.DEFAULT_NAME)).sequences[-1]

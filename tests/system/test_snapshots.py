@@ -120,9 +120,21 @@ async def test_answers_are_the_same_with_and_without_snapshots(system: System,
 
 def restored_at(log: Path) -> list[int]:
     """The sequences of the snapshots a process started from, as its log says."""
-    lines = (json.loads(line) for line in log.read_text().splitlines() if line.startswith("{"))
-    return [line["sequence"] for line in lines
+    return [line["sequence"] for line in json_lines(log)
             if line.get("event") == "read model restored from a snapshot"]
+
+
+def json_lines(log: Path) -> list[dict[str, Any]]:
+    """The JSON records of a running process's log: a last line still being written (no
+    newline yet) is not one, nor is a line that does not parse."""
+    records: list[dict[str, Any]] = []
+    for line in log.read_text(errors="replace").splitlines(keepends=True):
+        if line.startswith("{") and line.endswith("\n"):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
 
 
 async def _all(vb: Client, head: int) -> dict[str, list[dict[str, Any]]] | None:
