@@ -337,9 +337,18 @@ async def test_no_answer_aimed_at_a_stream_lands_in_it(store: Store) -> None:
                 await nc.publish(subject, body, reply=target)
         # One connection, in order: the last answer came back after every one aimed above.
         await nc.request(f"$JS.API.STREAM.INFO.{layout.events_stream}", b"", timeout=5)
+        # The read service takes its queries in the order sent: once it has answered this
+        # one, it has taken every one above.
+        await nc.request(*requests[0], timeout=5)
         assert refusals == []
-    assert store.read_service is not None
-    await store.read_service.flush()  # the read service's answers, sent
+    assert store.read_service is not None and store.reads is not None
+    reads = store.reads
+
+    async def answered() -> bool:  # every answer it took on, written
+        return not reads.answering
+
+    await eventually(answered, what="the read service's answers, all written")
+    await store.read_service.flush()  # and sent
     assert await store.stored(cp) == before
 
 

@@ -91,6 +91,8 @@ class Store:
         self.url, self.layout = url, layout
         self.opened: list[Client] = []
         self.read_service: Client | None = None
+        self.reads: ReadService | None = None
+        """The read service answering on `read_service`, in this process."""
 
     async def connect(self, user: str) -> tuple[Client, Refusals]:
         nc, refusals = await connect_as(self.url, user)
@@ -115,7 +117,8 @@ async def store(secured_nats: str) -> AsyncIterator[Store]:
         cp, _ = await store.connect(CONTROLPLANE_USER)
         await cp.jetstream().publish(store.layout.aggregate_subject(WEB), b"{}")
         store.read_service, _ = await store.connect(PROJECTIONS_USER)
-        await ReadService(store.read_service, store.layout, load_policy(POLICY)).listen()
+        store.reads = ReadService(store.read_service, store.layout, load_policy(POLICY))
+        await store.reads.listen()
         yield store
     finally:
         await asyncio.gather(*(nc.close() for nc in store.opened))
