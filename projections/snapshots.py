@@ -44,12 +44,13 @@ import structlog
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.api import ObjectInfo
+from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
 from events.aio import pause_unless_stopped
 from events.directget import read_all
 from events.subjects import Layout
-from events.transient import describe
+from events.transient import describe, retry_within
 from projections.bulk import uncollected
 from projections.cluster import VIEW_KINDS, ClusterState
 from projections.views import View
@@ -65,6 +66,10 @@ SNAPSHOT_READ_SECONDS: Final = 10.0
 ring dropped would otherwise be waited for)."""
 SNAPSHOT_CANDIDATES: Final = 3
 """Snapshots a reader tries, newest first, before it folds the log from its start."""
+SNAPSHOT_LIST_SECONDS: Final = 15.0
+"""How long a reader keeps asking for the list of snapshots while NATS does not answer (a
+busy server, a leader being elected) before it folds the log from its start instead: a few
+of a request's own timeouts, and shorter than folding 10,000 VMs' log from its start."""
 
 _READ_SIDE: Final = ("events", "projections")
 
@@ -427,10 +432,10 @@ class Snapshots:
         renders one kind needs only what that reads); None when there is none (the log is
         folded from its start)."""
         try:
-            store = await self._bucket()
-            infos = await store.list(ignore_deletes=True)
-        except (TimeoutError, NatsError) as e:  # none yet (NotFound), or not reachable
-            log.debug("no snapshots", error=describe(e))
+            infos = await retry_within(self._listed, "snapshots listed", SNAPSHOT_LIST_SECONDS)
+        except (TimeoutError, NatsError) as e:
+            log.warning("snapshots not listed; the log is folded from its start",
+                        error=describe(e))
             return None
         candidates: list[tuple[int, ObjectInfo]] = []
         for info in infos:
@@ -451,6 +456,14 @@ class Snapshots:
                 continue
             return state
         return None
+
+    async def _listed(self) -> list[ObjectInfo]:
+        """Every snapshot's info; none when there is no bucket yet or it is empty (what a
+        transient failure is not: that is raised, to be asked again)."""
+        try:
+            return await (await self._bucket()).list(ignore_deletes=True)
+        except NotFoundError:  # a failover's passing "stream not found" too: folded from 1
+            return []
 
     async def _read(self, info: ObjectInfo,
                     kinds: frozenset[str] | None = None) -> ClusterState | None:

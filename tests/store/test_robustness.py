@@ -1,5 +1,6 @@
 """What a NATS failure must not do, each on a real nats-server: kill the read service's
-start-up (a transient failure while it waits for the streams), go unnoticed for minutes (a
+start-up (a transient failure while it waits for the streams), make a reader fold the whole
+log (a snapshot list that timed out taken for no snapshot), go unnoticed for minutes (a
 frozen server), make a dead node look fresh (a heartbeat replayed to a new watch),
 dead-letter a message whose work was done (its claim could not be renewed), or keep a
 service from stopping on a signal while NATS does not answer.
@@ -29,6 +30,8 @@ from events.connect import connect
 from events.server import EmbeddedNats, free_port
 from events.streams import ensure_all, wait_for_streams
 from events.subjects import Layout, encode_token
+from projections.cluster import ClusterState
+from projections.snapshots import Snapshots
 from tests.system.harness import eventually
 from tests.test_unreachable_nats import SAFETY_NET_SECONDS, _attempt, _no_traceback, _running
 
@@ -97,6 +100,35 @@ async def test_waiting_for_the_streams_rides_out_a_server_that_does_not_answer(
         assert not waiting.done(), waiting.exception()
     await waiting  # the server answers again: the wait ends
     assert any(r.get("error", "").startswith("TimeoutError") for r in logs), logs
+
+
+# -- a reader's start from a snapshot -----------------------------------------------------
+
+
+async def test_a_snapshot_list_that_times_out_is_asked_again_not_taken_for_none(
+        server: EmbeddedNats, installed: tuple[Client, Layout]) -> None:
+    """A reader's start asks for the snapshots while the server answers nothing (a busy
+    server, a leader being elected): the list that timed out is asked again, so the start
+    folds from the snapshot, not from the log's start (at 10,000 VMs, 1.5 s against 10 s)."""
+    nc, layout = installed
+    with capture_logs() as logs:  # no bucket yet is an answer, not a failure to ask again
+        assert await Snapshots(nc, Layout("uninstalled")).latest() is None
+    assert not [r for r in logs if r["log_level"] != "debug"], logs
+    state = ClusterState()
+    state.last_sequence = 42
+    assert await Snapshots(nc, layout).save(state)
+    snapshots = Snapshots(nc, layout)
+    with capture_logs() as logs, frozen(server):
+        reading = asyncio.ensure_future(snapshots.latest())
+        retried = logged(logs, "snapshots listed: NATS unavailable")
+
+        async def retried_or_ended() -> bool:
+            return reading.done() or await retried()
+
+        await eventually(retried_or_ended, what="a retry")
+        assert not reading.done(), reading.result()
+    found = await reading
+    assert found is not None and found.last_sequence == 42
 
 
 # -- a frozen server ----------------------------------------------------------------------
