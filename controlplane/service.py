@@ -16,6 +16,7 @@ from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
 from events.aio import report_loop_errors, together, unless_stopped
 from events.api.resources import load_quantity_parser
+from events.collector import tune_for_service
 from events.connect import Access, connect_unless_stopped, shown
 from events.policy import Policy
 from events.streams import ensure_all
@@ -82,4 +83,5 @@ def run(access: Access, layout: Layout, **kwargs: object) -> int:
             running.add_signal_handler(sig, stop.set)
         return await serve(access, layout, stop=stop, **kwargs)  # type: ignore[arg-type]
 
+    tune_for_service()
     return 0 if asyncio.run(main()) else 1

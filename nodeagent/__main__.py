@@ -15,6 +15,7 @@ import msgspec
 
 from events.aio import report_loop_errors
 from events.api.resources import quantity
+from events.collector import tune_for_service
 from events.connect import NATS_FAILURES, Access, add_arguments, stopped_by
 from events.errors import InvalidSpec
 from events.logs import configure
@@ -277,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve_until_stopped(agent: Served) -> int:
+    tune_for_service()
     try:
         asyncio.run(_serve(agent))
     except NATS_FAILURES as e:  # a malformed URL; NATS lost past what the service rides out

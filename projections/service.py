@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from events.aio import report_loop_errors, unless_stopped
 from events.codec import Event
+from events.collector import tune_for_service
 from events.connect import Access, connect_unless_stopped, shown
 from events.messages import NODE_ACTOR_PREFIX
 from events.policy import Policy, Request, resource_of
@@ -453,4 +454,5 @@ def run(access: Access, layout: Layout, listen: tuple[str, int] | None = None, *
         finally:
             await nc.close()
 
+    tune_for_service()
     asyncio.run(main())
