@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+import itertools
+import weakref
+from collections.abc import Awaitable
 
 import structlog
 from nats.aio.msg import Msg
@@ -79,31 +81,69 @@ that died is taken up again soon after it restarts. Live work keeps its claim wi
 `in_progress` (see `claimed`)."""
 
 
-@contextlib.asynccontextmanager
-async def claimed(msg: Msg) -> AsyncIterator[None]:
-    """Keep a work item claimed (`+WPI` every third of the ack wait) while it is worked on.
+def claimed(msg: Msg) -> _Claim:
+    """`async with claimed(msg)`: keep a work item claimed (`+WPI` once it has been held a
+    third of the ack wait, and every third after) while it is worked on.
 
     A renewal NATS cannot take (the connection being re-established) is one log line and
     tried again at the next period, never the work's failure: the work's own outcome decides
     what becomes of the item. A claim that lapsed meanwhile only lets the item come again,
     which every consumer of work items answers as done."""
+    return _Claim(msg)
 
-    loop = asyncio.get_running_loop()
-    period = ACK_WAIT_SECONDS / 3
-    timer: asyncio.TimerHandle
 
-    def renew() -> None:  # a timer, not a task per item: most items end before the first
-        nonlocal timer
-        sending = asyncio.ensure_future(_renew(msg))
-        _renewals.add(sending)
-        sending.add_done_callback(_renewals.discard)
-        timer = loop.call_later(period, renew)
+class _Claim:
+    __slots__ = ("_claims", "_key", "msg")
 
-    timer = loop.call_later(period, renew)
-    try:
-        yield
-    finally:
-        timer.cancel()
+    def __init__(self, msg: Msg) -> None:
+        self.msg = msg
+
+    async def __aenter__(self) -> None:
+        loop = asyncio.get_running_loop()
+        claims = _CLAIMS.get(loop)
+        if claims is None:
+            claims = _CLAIMS[loop] = _Claims()
+        self._claims = claims
+        self._key = claims.hold(self.msg)
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self._claims.held.pop(self._key, None)
+
+
+class _Claims:
+    """The work items held on one loop, renewed by one timer, not a timer per item (most
+    items end long before their first renewal, and a timer each was measurable)."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, tuple[Msg, float]] = {}
+        """Key -> (the item, when its claim was last made or renewed)."""
+        self._keys = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def hold(self, msg: Msg) -> int:
+        loop = asyncio.get_running_loop()
+        key = next(self._keys)
+        self.held[key] = (msg, loop.time())
+        if self._timer is None:
+            self._timer = loop.call_later(ACK_WAIT_SECONDS / 6, self._renew_due)
+        return key
+
+    def _renew_due(self) -> None:
+        """Renew every claim a third of the ack wait old; look again half a third later."""
+        loop = asyncio.get_running_loop()
+        period = ACK_WAIT_SECONDS / 3
+        now = loop.time()
+        for key, (msg, since) in self.held.items():
+            if now - since >= period:
+                self.held[key] = (msg, now)
+                sending = asyncio.ensure_future(_renew(msg))
+                _renewals.add(sending)
+                sending.add_done_callback(_renewals.discard)
+        self._timer = loop.call_later(period / 2, self._renew_due) if self.held else None
+
+
+_CLAIMS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Claims] = \
+    weakref.WeakKeyDictionary()
 
 
 _renewals: set[asyncio.Future[None]] = set()

@@ -44,6 +44,7 @@ from nats.errors import MaxPayloadError
 from events.bridge import NatsBridge
 from events.codec import event_id
 from events.directget import direct_batch, last_on, read_all, sequence
+from events.requests import request
 from events.streams import (
     create_stream_if_missing,
     events_stream_config,
@@ -241,8 +242,8 @@ class EventLog:
                     if out.expect_subject:
                         headers[EXPECTED_SUBJECT_HEADER] = out.expect_subject
                 if last == 1:
-                    reply = await nc.request(out.subject, out.data, headers=headers,
-                                             timeout=ACK_TIMEOUT)
+                    reply = await request(nc, out.subject, out.data, headers=headers,
+                                          timeout=ACK_TIMEOUT)
                     return _decode_ack(reply.data)
                 headers["Nats-Batch-Id"] = batch
                 headers["Nats-Batch-Sequence"] = str(n)
@@ -250,8 +251,8 @@ class EventLog:
                     await nc.publish(out.subject, out.data, headers=headers)
                     continue
                 headers["Nats-Batch-Commit"] = "1"
-                reply = await nc.request(out.subject, out.data, headers=headers,
-                                         timeout=ACK_TIMEOUT)
+                reply = await request(nc, out.subject, out.data, headers=headers,
+                                      timeout=ACK_TIMEOUT)
                 return _decode_ack(reply.data)
         except MaxPayloadError as e:  # refused before anything of the batch was committed
             raise PersistenceError(f"a message is larger than the server takes ({e})") from e

@@ -15,6 +15,8 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from events.requests import request
+
 PAGE: Final = 1000
 TIMEOUT: Final = 10.0
 
@@ -44,8 +46,8 @@ async def direct_batch(nc: Client, stream: str, start: int, limit: int, subject:
 
     sub = await nc.subscribe(nc.new_inbox(), cb=collect)
     try:
-        request = {"seq": max(start, 1), "batch": limit, "next_by_subj": subject}
-        await nc.publish(f"$JS.API.DIRECT.GET.{stream}", _encode_json(request),
+        asked = {"seq": max(start, 1), "batch": limit, "next_by_subj": subject}
+        await nc.publish(f"$JS.API.DIRECT.GET.{stream}", _encode_json(asked),
                          reply=sub.subject)
         status = await asyncio.wait_for(end, TIMEOUT)
     finally:
@@ -63,7 +65,7 @@ async def last_on(nc: Client, stream: str, subject: str) -> Msg | None:
 async def last_by_subject(nc: Client, stream: str, subject: str) -> Msg | None:
     """The newest message on `subject` (no wildcards), asked with the subject in the
     request's own subject, so a NATS permission can pin what a user may read this way."""
-    msg = await nc.request(f"$JS.API.DIRECT.GET.{stream}.{subject}", b"", timeout=TIMEOUT)
+    msg = await request(nc, f"$JS.API.DIRECT.GET.{stream}.{subject}", timeout=TIMEOUT)
     return _found(msg)
 
 
@@ -73,9 +75,9 @@ async def first_since(nc: Client, stream: str, subject: str, at: datetime) -> Ms
     return await _one(nc, stream, {"start_time": stamp, "next_by_subj": subject})
 
 
-async def _one(nc: Client, stream: str, request: dict[str, str]) -> Msg | None:
-    msg = await nc.request(f"$JS.API.DIRECT.GET.{stream}", _encode_json(request),
-                           timeout=TIMEOUT)
+async def _one(nc: Client, stream: str, asked: dict[str, str]) -> Msg | None:
+    msg = await request(nc, f"$JS.API.DIRECT.GET.{stream}", _encode_json(asked),
+                        timeout=TIMEOUT)
     return _found(msg)
 
 

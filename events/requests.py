@@ -1,0 +1,108 @@
+"""Requests answered on one inbox per connection, with one timer for all their deadlines.
+
+nats-py's `Client.request` arms a timer and a `wait_for` per request and draws a NUID and
+random bytes for its reply subject: measured here, 85 us of CPU per awaited publish from 50
+concurrent tasks, against 42 us for the same publish asked this way. The write path asks
+four per command (the marker's look-up, the event, the marker, the outcome), so that was a
+tenth of the control plane's time.
+
+The answer, a timeout (nats-py's `TimeoutError`, once the deadline has passed by at most
+`SWEEP_SECONDS`) and a missing responder (`NoRespondersError`) are as `Client.request`
+gives them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import weakref
+from typing import Final
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+SWEEP_SECONDS: Final = 0.25
+"""How often requests past their deadline are failed (the granularity of a timeout)."""
+_NO_RESPONDERS: Final = "503"
+
+_Waiting = tuple["asyncio.Future[Msg]", float]
+
+
+class Requests:
+    """One connection's requests in flight, each a future keyed by its reply subject's
+    last token."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self._inbox = ""
+        self._subscribing: asyncio.Future[None] | None = None
+        self._waiting: dict[str, _Waiting] = {}
+        self._tokens = itertools.count()
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    async def request(self, subject: str, payload: bytes = b"", *, timeout: float,
+                      headers: dict[str, str] | None = None) -> Msg:
+        if not self._inbox:
+            await self._subscribe()
+        loop = asyncio.get_running_loop()
+        token = str(next(self._tokens))
+        answer: asyncio.Future[Msg] = loop.create_future()
+        self._waiting[token] = (answer, loop.time() + timeout)
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(SWEEP_SECONDS, self._sweep)
+        try:
+            await self.nc.publish(subject, payload, reply=self._inbox + token,
+                                  headers=headers)
+            msg = await answer
+        finally:
+            self._waiting.pop(token, None)
+        headers = msg.headers
+        if headers and headers.get("Status") == _NO_RESPONDERS and not msg.data \
+                and "Nats-Sequence" not in headers:  # not a stored message that holds one
+            raise NoRespondersError
+        return msg
+
+    async def _subscribe(self) -> None:
+        """The one wildcard subscription, made by the first request (others wait for it)."""
+        if self._subscribing is None:
+            self._subscribing = asyncio.ensure_future(self._subscribed())
+        await asyncio.shield(self._subscribing)
+
+    async def _subscribed(self) -> None:
+        try:
+            prefix = self.nc.new_inbox() + "."
+            await self.nc.subscribe(prefix + "*", cb=self._answered)
+        except BaseException:
+            self._subscribing = None  # the next request tries again
+            raise
+        self._inbox = prefix
+
+    async def _answered(self, msg: Msg) -> None:
+        waiting = self._waiting.get(msg.subject[len(self._inbox):])
+        if waiting is not None and not waiting[0].done():
+            waiting[0].set_result(msg)
+
+    def _sweep(self) -> None:
+        """Fail what waited past its deadline; come again while anything waits."""
+        now = asyncio.get_running_loop().time()
+        for token, (answer, deadline) in list(self._waiting.items()):
+            if deadline <= now:
+                del self._waiting[token]
+                if not answer.done():
+                    answer.set_exception(NatsTimeoutError)
+        self._sweeper = (asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
+                         if self._waiting else None)
+
+
+_BY_CONNECTION: weakref.WeakKeyDictionary[Client, Requests] = weakref.WeakKeyDictionary()
+
+
+async def request(nc: Client, subject: str, payload: bytes = b"", *, timeout: float,
+                  headers: dict[str, str] | None = None) -> Msg:
+    """`nc.request`, asked through the connection's one `Requests`."""
+    requests = _BY_CONNECTION.get(nc)
+    if requests is None:
+        requests = _BY_CONNECTION[nc] = Requests(nc)
+    return await requests.request(subject, payload, timeout=timeout, headers=headers)
