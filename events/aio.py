@@ -82,8 +82,8 @@ that died is taken up again soon after it restarts. Live work keeps its claim wi
 
 
 def claimed(msg: Msg) -> _Claim:
-    """`async with claimed(msg)`: keep a work item claimed (`+WPI` once it has been held a
-    third of the ack wait, and every third after) while it is worked on.
+    """`async with claimed(msg)`: keep a work item claimed (`+WPI` within every third of the
+    ack wait) while it is worked on.
 
     A renewal NATS cannot take (the connection being re-established) is one log line and
     tried again at the next period, never the work's failure: the work's own outcome decides
@@ -107,7 +107,7 @@ class _Claim:
         self._key = claims.hold(self.msg)
 
     async def __aexit__(self, *_exc: object) -> None:
-        self._claims.held.pop(self._key, None)
+        self._claims.release(self._key)
 
 
 class _Claims:
@@ -128,10 +128,20 @@ class _Claims:
             self._timer = loop.call_later(ACK_WAIT_SECONDS / 6, self._renew_due)
         return key
 
+    def release(self, key: int) -> None:
+        """The item is settled; with none held, the timer goes too (it holds the loop, the
+        registry's key, so a registry left armed would keep a closed loop alive)."""
+        self.held.pop(key, None)
+        if not self.held and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     def _renew_due(self) -> None:
-        """Renew every claim a third of the ack wait old; look again half a third later."""
+        """Every sixth of the ack wait, renew each claim held a sixth or more since it was
+        made or renewed: each is renewed within a third of the ack wait, as with a timer of
+        its own."""
         loop = asyncio.get_running_loop()
-        period = ACK_WAIT_SECONDS / 3
+        period = ACK_WAIT_SECONDS / 6
         now = loop.time()
         for key, (msg, since) in self.held.items():
             if now - since >= period:
@@ -139,7 +149,7 @@ class _Claims:
                 sending = asyncio.ensure_future(_renew(msg))
                 _renewals.add(sending)
                 sending.add_done_callback(_renewals.discard)
-        self._timer = loop.call_later(period / 2, self._renew_due) if self.held else None
+        self._timer = loop.call_later(period, self._renew_due) if self.held else None
 
 
 _CLAIMS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Claims] = \

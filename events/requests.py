@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 import weakref
 from typing import Final
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
+from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 SWEEP_SECONDS: Final = 0.25
@@ -35,7 +36,8 @@ class Requests:
     last token."""
 
     def __init__(self, nc: Client) -> None:
-        self.nc = nc
+        self._nc = weakref.ref(nc)
+        """Weak: the connection's `Requests` is kept by the connection (`_BY_CONNECTION`)."""
         self._inbox = ""
         self._subscribing: asyncio.Future[None] | None = None
         self._waiting: dict[str, _Waiting] = {}
@@ -53,8 +55,8 @@ class Requests:
         if self._sweeper is None:
             self._sweeper = loop.call_later(SWEEP_SECONDS, self._sweep)
         try:
-            await self.nc.publish(subject, payload, reply=self._inbox + token,
-                                  headers=headers)
+            await self._connection().publish(subject, payload, reply=self._inbox + token,
+                                             headers=headers)
             msg = await answer
         finally:
             self._waiting.pop(token, None)
@@ -70,10 +72,19 @@ class Requests:
             self._subscribing = asyncio.ensure_future(self._subscribed())
         await asyncio.shield(self._subscribing)
 
+    def _connection(self) -> Client:
+        nc = self._nc()
+        if nc is None:  # collected: it was closed and dropped by its owner
+            raise ConnectionClosedError
+        return nc
+
     async def _subscribed(self) -> None:
         try:
-            prefix = self.nc.new_inbox() + "."
-            await self.nc.subscribe(prefix + "*", cb=self._answered)
+            nc = self._connection()
+            # Unguessable, as nats-py's are: whoever may publish into this inbox (the read
+            # service, into the control plane's) cannot aim a forged answer at a request.
+            prefix = f"{nc.new_inbox()}.{secrets.token_hex(12)}."
+            await nc.subscribe(prefix + "*", cb=self._answered)
         except BaseException:
             self._subscribing = None  # the next request tries again
             raise

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
 
 import pytest
+from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError
 from structlog.testing import capture_logs
 
-from events.aio import report_loop_errors, together
+from events.aio import claimed, report_loop_errors, together
 
 
 async def test_the_first_part_to_fail_ends_the_others_before_its_error_is_raised() -> None:
@@ -50,3 +52,18 @@ async def test_an_error_no_task_retrieved_is_one_log_line() -> None:
     assert line["log_level"] == "error" and "never retrieved" in line["event"]
     assert line["error"] == "ConnectionClosedError()" and line["coroutine"].endswith("failing")
     assert "exc_info" not in line
+
+
+def test_a_loop_whose_claims_are_settled_is_not_kept_alive() -> None:
+    """The claims of a loop share one timer, which holds the loop; once none is held the
+    timer goes, so a loop that ran work items (each test, each `asyncio.run`) is freed."""
+    ran_on: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def work() -> None:
+        ran_on.append(weakref.ref(asyncio.get_running_loop()))
+        async with claimed(Msg(_client=None, subject="work")):  # type: ignore[arg-type]
+            await asyncio.sleep(0)
+
+    asyncio.run(work())
+    gc.collect()
+    assert ran_on[0]() is None
