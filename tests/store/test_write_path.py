@@ -127,6 +127,31 @@ async def test_a_stale_writer_is_refused_by_the_expected_sequence(writers: Write
     assert await writers.versions(VM) == [1, 2]
 
 
+async def test_an_object_forgotten_after_a_conflict_is_not_rebuilt_from_one_event(
+        writers: Writers) -> None:
+    """Writer a forgets web after a conflict (its view was stale); the control loop then
+    folds b's newer event before a reads web again. A view made of that one event would
+    hold web's last sequence without its creation: a decision on it (web absent) passes its
+    guard. Seen in a lease handover under load, where the new leader refused a node's report
+    of a running VMI as "no such VMI instance", and the VMI never became Running."""
+    assert (await writers.a.execute(apply("web", "64Mi"))).outcome.accepted
+    memory = writers.a.handler.memory
+    seen = memory.views[VM].last_sequence
+    assert (await writers.b.execute(apply("web", "96Mi"))).outcome.accepted
+    memory.forget(VM, seen)
+    msgs = await read_all(writers.connections[0], writers.layout.events_stream,
+                          writers.layout.aggregate_subject(VM))
+    newest = msgs[-1]
+    event = read_event(newest)
+    assert event is not None and event.originator_version == 2
+    memory.observe(event, sequence(newest))
+    assert (await writers.a.execute(apply("web", "128Mi"))).outcome.accepted
+    msgs = await read_all(writers.connections[0], writers.layout.events_stream,
+                          writers.layout.aggregate_subject(VM))
+    assert [type(e).__name__ for m in msgs if (e := read_event(m)) is not None] == [
+        "VirtualMachineCreated", "VirtualMachineUpdated", "VirtualMachineUpdated"]
+
+
 def stored_as(writer: Writer, decision: Decision, verdict: Verdict | None) -> list[Outgoing]:
     """What the writer publishes for a decision: its lone event, or its atomic batch."""
     alone = writer.handler._alone(decision, verdict)
