@@ -715,5 +715,5 @@ def _retrieved(done: asyncio.Future[Msg | None]) -> None:
 
 def _message(subject: str, event: Event, expect: int | None) -> Outgoing:
     return Outgoing(subject, encode_kept(event),
-                    event_headers(str(event.id), event.topic(), event.originator_version),
+                    event_headers(event.id, event.topic(), event.originator_version),
                     expect)

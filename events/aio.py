@@ -14,6 +14,18 @@ from nats.errors import Error as NatsError
 
 log = structlog.get_logger(__name__)
 
+_V1_ACK_TOKENS = 9
+"""`$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`;
+the longer form adds a domain and an account hash (`Msg.Ack`'s indexes)."""
+
+
+def delivered_sequence(msg: Msg) -> int:
+    """The stream sequence of a consumer's delivery, from its reply subject as nats-py reads
+    it, without the `Metadata` it builds (a dataclass and a datetime per message: 3 % of the
+    control plane's time, all in its follow of the log)."""
+    tokens = Msg.Metadata._get_metadata_fields(msg.reply)
+    return int(tokens[5] if len(tokens) == _V1_ACK_TOKENS else tokens[Msg.Ack.StreamSeq])
+
 
 async def pause_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
     """Wait `seconds` between rounds of a periodic loop, returning at once on `stop`."""

@@ -44,7 +44,7 @@ from nats.errors import MaxPayloadError
 from events.bridge import NatsBridge
 from events.codec import event_id
 from events.directget import direct_batch, last_on, read_all, sequence
-from events.requests import request
+from events.requests import PubAck, decode_pub_ack, request
 from events.streams import (
     create_stream_if_missing,
     events_stream_config,
@@ -106,23 +106,6 @@ class Outgoing(msgspec.Struct, frozen=True):
     headers: dict[str, str]
     expect: int | None = None
     expect_subject: str = ""
-
-
-class _ApiError(msgspec.Struct):
-    code: int = 0
-    err_code: int = 0
-    description: str = ""
-
-
-class _PubAck(msgspec.Struct):
-    stream: str = ""
-    seq: int = 0
-    duplicate: bool = False
-    count: int = 1
-    error: _ApiError | None = None
-
-
-_decode_ack = msgspec.json.Decoder(_PubAck).decode
 
 
 class StreamSpace(msgspec.Struct, frozen=True):
@@ -207,7 +190,7 @@ class EventLog:
         if subject.startswith(tracking_root):
             return tracking_id(decode_token(subject.removeprefix(tracking_root)), version)
         root = subject.split(".", 2)[:2]
-        return str(event_id(originator_of(".".join(root), subject), version))
+        return event_id(originator_of(".".join(root), subject), version)
 
     # -- the atomic batch --------------------------------------------------------------
 
@@ -230,7 +213,7 @@ class EventLog:
             await asyncio.sleep(INFLIGHT_PAUSE_SECONDS)  # back-off the server asked for
         raise OutcomeUnknown("the server kept refusing the batch as one too many in flight")
 
-    async def _send(self, messages: Sequence[Outgoing]) -> _PubAck:
+    async def _send(self, messages: Sequence[Outgoing]) -> PubAck:
         nc = self.nc
         last = len(messages)
         batch = uuid.uuid4().hex if last > 1 else ""
@@ -244,7 +227,7 @@ class EventLog:
                 if last == 1:
                     reply = await request(nc, out.subject, out.data, headers=headers,
                                           timeout=ACK_TIMEOUT)
-                    return _decode_ack(reply.data)
+                    return decode_pub_ack(reply.data)
                 headers["Nats-Batch-Id"] = batch
                 headers["Nats-Batch-Sequence"] = str(n)
                 if n < last:
@@ -253,7 +236,7 @@ class EventLog:
                 headers["Nats-Batch-Commit"] = "1"
                 reply = await request(nc, out.subject, out.data, headers=headers,
                                       timeout=ACK_TIMEOUT)
-                return _decode_ack(reply.data)
+                return decode_pub_ack(reply.data)
         except MaxPayloadError as e:  # refused before anything of the batch was committed
             raise PersistenceError(f"a message is larger than the server takes ({e})") from e
         except (TimeoutError, NatsError) as e:
@@ -360,7 +343,7 @@ def event_headers(msg_id: str, topic: str, version: int) -> dict[str, str]:
 
 
 def _event_headers(s: StoredEvent) -> dict[str, str]:
-    return event_headers(str(event_id(s.originator_id, s.originator_version)), s.topic,
+    return event_headers(event_id(s.originator_id, s.originator_version), s.topic,
                          s.originator_version)
 
 

@@ -19,7 +19,7 @@ from nats.errors import Error as NatsError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
-from events.aio import pause_unless_stopped
+from events.aio import delivered_sequence, pause_unless_stopped
 from events.codec import Event, decode, event_class, split_topic
 from events.datastore import TOPIC_HEADER
 from events.directget import PAGE, direct_batch, first_since, last_on, sequence
@@ -282,7 +282,7 @@ async def _follow_live(nc: Client, layout: Layout, on_event: OnEvent, on_skip: O
                                         position=position, error=describe(e))
                     continue
                 msg = got.result()
-            seq = msg.metadata.sequence.stream
+            seq = delivered_sequence(msg)
             if seq >= position:
                 position = seq + 1
                 await _hand_over(msg, seq, on_event, on_skip)

@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError
 from structlog.testing import capture_logs
 
-from events.aio import claimed, report_loop_errors, together
+from events.aio import claimed, delivered_sequence, report_loop_errors, together
 
 
 async def test_the_first_part_to_fail_ends_the_others_before_its_error_is_raised() -> None:
@@ -67,3 +67,13 @@ def test_a_loop_whose_claims_are_settled_is_not_kept_alive() -> None:
     asyncio.run(work())
     gc.collect()
     assert ran_on[0]() is None
+
+
+@pytest.mark.parametrize("reply", [
+    "$JS.ACK.EVENTS.follow.1.4242.17.1700000000000000000.3",
+    "$JS.ACK.hub.ACCHASH.EVENTS.follow.2.4242.17.1700000000000000000.3.r4nd",
+    "$JS.ACK.hub.ACCHASH.EVENTS.follow.2.4242.17.1700000000000000000.3",
+])
+def test_a_delivery_s_stream_sequence_is_read_as_nats_py_reads_it(reply: str) -> None:
+    msg = Msg(_client=None, subject="ev.x", reply=reply)  # type: ignore[arg-type]
+    assert delivered_sequence(msg) == msg.metadata.sequence.stream == 4242

@@ -225,7 +225,7 @@ class Dispatcher:
         if work and len(self._queue) >= DISPATCH_QUEUE:
             await self._drain()
         for node, verb, body in work:
-            msg_id = str(event.id) if len(work) == 1 else f"{event.id}:{verb}"
+            msg_id = event.id if len(work) == 1 else f"{event.id}:{verb}"
             self._queue.append(_Work(sequence, event, node, verb, body, msg_id))
             self._queued.set()
         self.position = sequence
@@ -320,7 +320,7 @@ class Dispatcher:
 
 def _common(event: Event, vmi: VirtualMachineInstanceView) -> dict[str, Any]:
     meta = vmi.metadata
-    return {"event_id": str(event.id), "namespace": meta.namespace, "name": meta.name,
+    return {"event_id": event.id, "namespace": meta.namespace, "name": meta.name,
             "uid": vmi.uid, "command_id": event.causation_id,
             "correlation_id": event.correlation_id}
 

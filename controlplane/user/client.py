@@ -61,6 +61,7 @@ from events.query import (
     WatchQuery,
     ask_verb,
 )
+from events.requests import js_publish
 from events.subjects import DEFAULT_PREFIX, Layout, encode_token
 from events.transient import retry_within
 from projections.cluster import ClusterState
@@ -76,11 +77,13 @@ A = TypeVar("A", Answer, HistoryAnswer, WatchAnswer, ConsoleAnswer)
 _decode_outcome = msgspec.msgpack.Decoder(Outcome).decode
 
 RETRY_WITHIN_SECONDS: Final = 20.0
-CONSOLE_FOLLOW_SECONDS: Final = 0.5
-"""How often a followed console asks for more (the agent publishes twice a second)."""
 """How long a read, a command's publish or an outcome's look-up retries what NATS cannot do
 now (a server of the cluster lost and the connection moved to another, a JetStream leader
 being elected, the read service reconnecting) before the error is raised."""
+PUBLISH_TIMEOUT_SECONDS: Final = 5.0
+"""One try at a command's publish awaits the stream's ack this long (nats-py's default)."""
+CONSOLE_FOLLOW_SECONDS: Final = 0.5
+"""How often a followed console asks for more (the agent publishes twice a second)."""
 DRAIN_POLL_SECONDS: Final = 1.0
 """How often `drain_progress` reads what the log gained: a person creates no consumer, so it
 polls by Direct Get."""
@@ -172,8 +175,9 @@ class Client:
         subject = self.layout.command_subject(command.actor, KIND_TOKENS.get(
             command.kind, command.kind.lower()), command.verb)
         ack = await retry_within(
-            lambda: self.js.publish(subject, msgspec.msgpack.encode(command),
-                                    headers={"Nats-Msg-Id": command.id}),
+            lambda: js_publish(self.nc, subject, msgspec.msgpack.encode(command),
+                               headers={"Nats-Msg-Id": command.id},
+                               timeout=PUBLISH_TIMEOUT_SECONDS),
             "sending a command", RETRY_WITHIN_SECONDS, command_id=command.id)
         return bool(ack.duplicate)
 

@@ -12,7 +12,7 @@ from eventsourcing.persistence import MapperDeserialisationError, StoredEvent
 from eventsourcing.utils import Environment
 
 from events import codec
-from events.codec import EventMapper, decode, event_id
+from events.codec import EVENT_ID_NAMESPACE, EventMapper, decode, event_id
 from events.errors import InvalidSpec
 from events.jetstream import JetStreamFactory
 from events.subjects import (
@@ -90,7 +90,17 @@ def test_current_schema_round_trips_with_a_stable_name_and_id() -> None:
     assert stored.topic == "VirtualMachineInstanceScheduled.v2"
     assert decode(stored.topic, stored.state) == event
     assert (event.TYPE, event.SCHEMA) == ("VirtualMachineInstanceScheduled", 2)
-    assert str(event_id("vmi.default.x", 3)) == str(event.id)
+    assert event_id("vmi.default.x", 3) == event.id
+
+
+@pytest.mark.parametrize(("originator", "version"),
+                         [("vmi.default.x", 3), ("VirtualMachine.bench.vm-1", 1), ("ünï", 10**12)])
+def test_an_event_id_is_the_uuid5_of_its_position_as_stored_before(originator: str,
+                                                                     version: int) -> None:
+    """Ids already in logs were `str(uuid5(...))`: the same text, or a retried append of an
+    old event would not dedupe."""
+    assert event_id(originator, version) == str(
+        uuid.uuid5(EVENT_ID_NAMESPACE, f"{originator}:{version}"))
 
 
 @pytest.mark.parametrize("name", ["web-1", "host.example.com", "Upper", "a b", "ünï", "x*>"])
