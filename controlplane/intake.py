@@ -47,6 +47,7 @@ from controlplane.handling import INTERNAL_VERBS, Verdict
 from controlplane.writer import Writer
 from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped, unless_stopped
 from events.datastore import Outgoing
+from events.ids import name_uuid
 from events.messages import (
     MAX_ID_LENGTH,
     SYSTEM_ACTOR_PREFIX,
@@ -360,7 +361,7 @@ class ReportIntake:
 
 
 def report_command(report: NodeReport) -> Command | None:
-    command_id = str(uuid.uuid5(_REPORT_IDS, report.id))
+    command_id = name_uuid(_REPORT_IDS, report.id)
     actor = node_actor(report.node)
     match report.kind:
         case "node" if report.info is not None:

@@ -9,7 +9,6 @@ rewritten.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib
 import threading
 from collections.abc import Callable
@@ -20,24 +19,19 @@ from uuid import UUID
 import msgspec
 from eventsourcing.persistence import Mapper, MapperDeserialisationError, StoredEvent
 
+from events.ids import name_uuid
+
 EVENT_ID_NAMESPACE = UUID("6f1c3f4e-8d0b-5c7a-9b39-7a1e0c6d2b11")
-_NAMESPACE_BYTES = EVENT_ID_NAMESPACE.bytes
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 @functools.lru_cache(maxsize=8192)
 def event_id(originator_id: UUID | str, originator_version: int) -> str:
-    """An event's id, derived from its aggregate position so a retried append dedupes: the
-    text of `uuid5(EVENT_ID_NAMESPACE, "<originator>:<version>")`, made without the `UUID`
-    object (a third of the time; every append and every dispatch asks). Remembered for the
-    newest events, which the writer, the follower and the dispatcher each ask for."""
-    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + f"{originator_id}:{originator_version}"
-                                    .encode()).digest()[:16])
-    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
-    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
-    x = digest.hex()
-    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+    """An event's id, derived from its aggregate position so a retried append dedupes;
+    remembered for the newest events, which the writer, the follower and the dispatcher
+    each ask for."""
+    return name_uuid(EVENT_ID_NAMESPACE, f"{originator_id}:{originator_version}")
 
 
 def now() -> datetime:

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from controlplane.defaults import COMMAND_ACTOR_CONTROLLER
 from events.codec import Event
+from events.ids import name_uuid
 from events.messages import Command
 from projections.cluster import ClusterState
 
@@ -24,7 +25,7 @@ def derived_command(controller: str, kind: str, verb: str, namespace: str, name:
                     correlation_id: str = "") -> Command:
     """A controller's command whose id is a function of what it was decided on."""
     key = ":".join([controller, kind, verb, namespace, name, *map(str, state)])
-    return Command(id=str(uuid.uuid5(_IDS, key)), actor=f"{COMMAND_ACTOR_CONTROLLER}:{controller}",
+    return Command(id=name_uuid(_IDS, key), actor=f"{COMMAND_ACTOR_CONTROLLER}:{controller}",
                    kind=kind, verb=verb, namespace=namespace, name=name, manifest=manifest,
                    correlation_id=correlation_id)
 

@@ -14,7 +14,6 @@ HCO controller's own writes.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -49,6 +48,7 @@ from events.hco import (
     hco_id,
     operand_id,
 )
+from events.ids import random_uuid
 from events.vm import VM_KIND, VirtualMachineDeleted
 from projections.hco import HyperConvergedView, OperandView
 from projections.views import VirtualMachineView, iso
@@ -146,7 +146,7 @@ def _record(d_: Decision, hco: HyperConverged) -> None:
                       annotations=src.annotations)
     unsafe = jsonpatch.unsafe_modification_counts(meta.annotations)
     if not old.exists:
-        d_.trigger(agg, HyperConvergedCreated, uid=str(uuid.uuid4()), metadata=meta,
+        d_.trigger(agg, HyperConvergedCreated, uid=random_uuid(), metadata=meta,
                    spec=hco.spec, unsafe_modifications=unsafe)
         return
     if old.spec == hco.spec and old.metadata == meta:

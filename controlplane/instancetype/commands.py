@@ -6,8 +6,6 @@ captured (`revisions`), and one not started yet expands with whatever exists whe
 
 from __future__ import annotations
 
-import uuid
-
 from controlplane.handling import Decision, Rejected, handles
 from events.api.instancetype import (
     CLUSTER_KINDS,
@@ -17,6 +15,7 @@ from events.api.instancetype import (
     VirtualMachinePreference,
 )
 from events.codec import Event
+from events.ids import random_uuid
 from events.instancetype import (
     KIND_TOKENS,
     VirtualMachineInstancetypeApplied,
@@ -56,7 +55,7 @@ def apply(d: Decision) -> None:
                          old.metadata.annotations) == (new.spec, new.api_version, meta.labels,
                                                        meta.annotations):
         return
-    uid = old.uid if found.exists else str(uuid.uuid4())
+    uid = old.uid if found.exists else random_uuid()
     generation = old.generation + (old.spec != new.spec) if found.exists else 1
     d.trigger(found, applied, kind=new.kind, api_version=new.api_version, uid=uid,
               metadata=meta, spec=new.spec, generation=generation)

@@ -37,6 +37,7 @@ from controlplane.migration.config import migration_config
 from controlplane.vmi.commands import agent_version
 from events.api.base import ObjectMeta
 from events.api.migration import KIND, VirtualMachineInstanceMigration
+from events.ids import random_uuid
 from events.messages import MigrationObservation, MigrationOrder, node_actor
 from events.migration import (
     MIGRATION_KIND,
@@ -141,7 +142,7 @@ def create(d: Decision, namespace: str, name: str, vmi_name: str, *, priority: P
                        "metadata.name")
     vmi = migratable_vmi(d, namespace, vmi_name)
     meta = ObjectMeta(name=name, namespace=namespace, labels=labels or {})
-    d.trigger(migration, MigrationCreated, uid=str(uuid.uuid4()), metadata=meta,
+    d.trigger(migration, MigrationCreated, uid=random_uuid(), metadata=meta,
               vmi_name=vmi_name, vmi_uid=vmi.state.uid, source_node=vmi.state.node,
               priority=priority)
 

@@ -18,7 +18,6 @@ Fields compared, as KubeVirt's `checkMergeConflicts`: `resources.requests` (per 
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -31,6 +30,7 @@ from events.api.domain import Clock, DomainSpec
 from events.api.replicaset import PRESET, VirtualMachineInstancePreset
 from events.api.scheduling import selector_matches
 from events.api.vm import API_VERSION, VirtualMachineInstanceSpec
+from events.ids import random_uuid
 from events.preset import (
     PRESET_KIND,
     VirtualMachineInstancePresetApplied,
@@ -55,7 +55,7 @@ def apply(d: Decision) -> None:
     if found.exists and (old.spec, old.metadata.labels, old.metadata.annotations) == (
             new.spec, meta.labels, meta.annotations):
         return
-    uid = old.uid if found.exists else str(uuid.uuid4())
+    uid = old.uid if found.exists else random_uuid()
     generation = old.generation + (old.spec != new.spec) if found.exists else 1
     d.trigger(found, VirtualMachineInstancePresetApplied, uid=uid, metadata=meta,
               spec=new.spec, generation=generation)

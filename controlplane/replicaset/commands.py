@@ -10,8 +10,6 @@ the controller proposed it.
 
 from __future__ import annotations
 
-import uuid
-
 import msgspec
 
 from controlplane.aggregate import Aggregate
@@ -24,6 +22,7 @@ from events.api.manifest import check_dns1123_label
 from events.api.replicaset import REPLICA_SET, ScaleBody, VirtualMachineInstanceReplicaSet
 from events.api.scheduling import selector_matches
 from events.errors import InvalidSpec
+from events.ids import random_uuid
 from events.replicaset import (
     REPLICA_SET_KIND,
     ReplicaSetApplied,
@@ -71,7 +70,7 @@ def apply(d: Decision) -> None:
         template = new.spec.template
         admit_by_feature_gates(d, template.spec, VM_SPEC_PATH, template.metadata.annotations,
                                VM_METADATA_PATH)
-    uid = old.uid if found.exists else str(uuid.uuid4())
+    uid = old.uid if found.exists else random_uuid()
     generation = old.generation + (old.spec != new.spec) if found.exists else 1
     d.trigger(found, ReplicaSetApplied, uid=uid, metadata=meta, spec=new.spec,
               generation=generation)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import getpass
-import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any, Final, Self, TypeVar
@@ -37,6 +36,7 @@ from events.codec import Event
 from events.connect import Access, connect, url_user
 from events.directget import read_all
 from events.errors import Forbidden, InvalidSpec, NotFound, TooManyRequests
+from events.ids import random_uuid
 from events.messages import (
     Command,
     Outcome,
@@ -164,7 +164,7 @@ class Client:
 
     def command(self, kind: str, verb: str, namespace: str = "", name: str = "",
                 **fields: Any) -> Command:
-        return Command(id=str(uuid.uuid4()), actor=self.actor, kind=kind, verb=verb,
+        return Command(id=random_uuid(), actor=self.actor, kind=kind, verb=verb,
                        namespace=namespace, name=name, **fields)
 
     async def submit(self, command: Command) -> bool:

@@ -28,7 +28,6 @@ status.startFailure, as KubeVirt's `getChangeRequestJson` does.
 from __future__ import annotations
 
 import random
-import uuid
 
 from controlplane.aggregate import Aggregate
 from controlplane.defaults import (
@@ -39,6 +38,7 @@ from controlplane.feature_gates import VM_METADATA_PATH, VM_SPEC_PATH, admit_by_
 from controlplane.handling import Decision, Rejected, handles
 from controlplane.instancetype.revisions import admitted_vm, delete_revisions
 from events.api.vm import VirtualMachine
+from events.ids import random_uuid
 from events.subjects import aggregate_id
 from events.vm import (
     VM_KIND,
@@ -83,7 +83,7 @@ def apply(d: Decision) -> None:
     vm = d.load(aggregate_id(VM_KIND, meta.namespace, meta.name), VirtualMachineView)
     new = admitted_vm(d, submitted, vm.state)
     if not vm.exists:
-        d.trigger(vm, VirtualMachineCreated, uid=str(uuid.uuid4()), metadata=meta, spec=new.spec)
+        d.trigger(vm, VirtualMachineCreated, uid=random_uuid(), metadata=meta, spec=new.spec)
         return
     old = vm.state
     if old.spec == new.spec and old.metadata.labels == meta.labels \

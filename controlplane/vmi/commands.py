@@ -5,7 +5,6 @@ soft-reboot of a VMI or of a VM's VMI, as virtctl does) and from controllers and
 from __future__ import annotations
 
 import ipaddress
-import uuid
 
 import msgspec
 import structlog
@@ -26,6 +25,7 @@ from events.api.vm import (
 )
 from events.api.vmi_defaults import POD_BINDINGS, with_pod_interface
 from events.errors import InvalidSpec
+from events.ids import random_uuid
 from events.messages import DomainObservation, InterfacesObservation, node_actor
 from events.nodes import NODE_KIND
 from events.preset import VirtualMachineInstancePresetConflicted
@@ -123,7 +123,7 @@ def create(d: Decision, vmi: Aggregate[VirtualMachineInstanceView], meta: Object
     no interface, the pod interface (`vmi_defaults.with_pod_interface`). `owned`: its
     owner's fields of `VirtualMachineInstanceCreated`."""
     filled = fill(presets, meta, spec)
-    d.trigger(vmi, VirtualMachineInstanceCreated, uid=str(uuid.uuid4()),
+    d.trigger(vmi, VirtualMachineInstanceCreated, uid=random_uuid(),
               metadata=msgspec.structs.replace(meta, annotations=filled.annotations),
               spec=with_pod_interface(with_cluster_cpu_model(d, filled.spec), pod_binding(d)),
               **owned)
