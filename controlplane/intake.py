@@ -121,6 +121,7 @@ class Consumer:
         pull = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}"
         try:
             while not stop.is_set():
+                self._wake.clear()  # first: a wake while a pull is being sent is kept
                 if self._unanswered:  # a cluster electing leaders: do not ask in a spin
                     log.warning("intake's pull went unanswered; asking again",
                                 stream=self.stream, reason=self._unanswered)
@@ -132,15 +133,15 @@ class Consumer:
                 want = self._wanted()
                 if want:
                     request = {"batch": want, "expires": int(PULL_EXPIRES_SECONDS * 1e9)}
+                    self._asked += want  # before the await: what arrives meanwhile counts
                     try:
                         await self.nc.publish(pull, _encode_json(request), reply=inbox)
-                        self._asked += want
                     except NatsError as e:
+                        self._asked = max(0, self._asked - want)
                         log.warning("intake could not ask for work; retrying",
                                     stream=self.stream, error=str(e) or type(e).__name__)
                         await pause_unless_stopped(stop, INTAKE_RETRY_SECONDS)
                         continue
-                self._wake.clear()
                 woke = await _first(self._wake.wait(), stop.wait(),
                                     timeout=PULL_EXPIRES_SECONDS + 1)
                 if not woke:  # no word from the server for a whole pull: ask afresh

@@ -187,10 +187,12 @@ async def test_a_stray_after_a_marker_hides_no_outcome_gone_from_the_bucket(vb: 
 
 
 async def test_the_intake_holds_no_more_than_its_concurrency_the_rest_wait_in_the_stream(
-        nats_url: str, prefix: str) -> None:
+        nats_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """What the intake takes on beyond what it can work queues in this process, behind it
     the controllers' commands (a controller lag of seconds at 10,000 VMs): it asks the
-    server for no more than it has free places."""
+    server for no more than it has free places, and for more as places free up. Its pulls
+    last longer than the test waits, so the rest is not fetched by a pull's expiry."""
+    monkeypatch.setattr("controlplane.intake.PULL_EXPIRES_SECONDS", 600.0)
     layout = Layout(prefix)
     nc = await connect(nats_url, "intake-bound")
     await ensure_all(nc.jetstream(), layout)
