@@ -95,6 +95,8 @@ class Consumer:
         self._running: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
+        self._heard = 0.0
+        """When the server last sent anything on the pulls' inbox (the loop's clock)."""
         self._unanswered = ""
         """Why the server could not serve the last pull (no consumer leader, a leadership
         change): the next ask waits a little, and makes sure the consumer is there."""
@@ -144,8 +146,9 @@ class Consumer:
                         continue
                 woke = await _first(self._wake.wait(), stop.wait(),
                                     timeout=PULL_EXPIRES_SECONDS + 1)
-                if not woke:  # no word from the server for a whole pull: ask afresh
-                    self._asked = 0
+                silent = asyncio.get_running_loop().time() - self._heard
+                if not woke and silent > PULL_EXPIRES_SECONDS:
+                    self._asked = 0  # no word from the server for a whole pull: ask afresh
         finally:
             try:
                 await sub.unsubscribe()
@@ -156,6 +159,7 @@ class Consumer:
 
     async def _arrived(self, msg: Msg) -> None:
         """A message, or the server's word that a pull ended (expired, or cut short)."""
+        self._heard = asyncio.get_running_loop().time()
         headers = msg.headers or {}
         if "Status" in headers:
             pending = headers.get("Nats-Pending-Messages")

@@ -9,7 +9,6 @@ import contextlib
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from uuid import UUID
 
 from nats.aio.client import Client
 
@@ -116,7 +115,7 @@ class Shown:
     name = "shown"
 
     def __init__(self) -> None:
-        self.ids: set[UUID] = set()
+        self.ids: set[str] = set()
 
     def on_event(self, _state: ClusterState, event: Event) -> list[Command]:
         self.ids.add(event.id)
