@@ -74,7 +74,7 @@ from events.datastore import (
     Outgoing,
     event_headers,
 )
-from events.directget import sequence
+from events.directget import LastLookups, sequence
 from events.errors import InvalidSpec, VirtbusError
 from events.groupcommit import GroupCommit
 from events.messages import (
@@ -434,6 +434,8 @@ class CommandHandler:
         self.log = log
         self.memory = Memory(log)
         self.commits = GroupCommit(log)
+        self.markers = LastLookups(log.nc, log.layout.events_stream)
+        """Look-ups of commands' markers, those of one turn asked together."""
 
     async def execute(self, command: Command, announce: Announce = nobody) -> Result:
         """Decide and record exactly once; a command that already has an outcome gets it.
@@ -458,8 +460,7 @@ class CommandHandler:
             return await self.record_refusal(command, Verdict(e.rule, e.field))
         # Looked up while the command is decided: a lone event must not be stored for a
         # command that has an outcome (an atomic batch holds the marker's own guard).
-        looked_up = asyncio.ensure_future(self.log.last_on(
-            self.log.layout.events_stream, self.log.layout.aggregate_subject(marker_id(command))))
+        looked_up = self.markers.last_on(self.log.layout.aggregate_subject(marker_id(command)))
         looked_up.add_done_callback(_retrieved)
         try:
             return await self._execute(command, looked_up, announce, bound)

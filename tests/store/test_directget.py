@@ -5,13 +5,16 @@ there, and every read of that aggregate silently stopped short; one with an empt
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
 
 from events.connect import connect
-from events.directget import last_on, read_all
+from events.directget import MULTI_LAST_MAX, LastLookups, last_on, read_all
 from events.streams import ensure_all
 from events.subjects import Layout
 
@@ -46,3 +49,56 @@ async def test_a_stored_503_status_is_a_message_not_no_responders(
     await nc.jetstream().publish(subject, b"", headers={"Status": "503"})  # a stray, empty
     found = await last_on(nc, layout.events_stream, subject)
     assert found is not None and found.headers and found.headers["Status"] == "503"
+
+
+async def test_look_ups_of_one_turn_are_asked_together_each_answered_for_its_subject(
+        events_log: tuple[Client, Layout]) -> None:
+    """The write path's marker look-ups: one request per `MULTI_LAST_MAX` subjects of a
+    turn, not one each, and still each look-up's own answer (a stray on a subject is its
+    newest message all the same)."""
+    nc, layout = events_log
+    js = nc.jetstream()
+    subjects = [layout.aggregate_subject(f"command._.c{i}") for i in range(MULTI_LAST_MAX + 50)]
+    for i, subject in enumerate(subjects[::3]):
+        await js.publish(subject, b"first")
+        await js.publish(subject, f"newest {i}".encode(),
+                         headers={"Status": "404"} if i == 1 else None)
+    asked: list[bytes] = []
+
+    async def count(msg: Msg) -> None:
+        asked.append(msg.data)
+
+    watcher = await nc.subscribe(f"$JS.API.DIRECT.GET.{layout.events_stream}", cb=count)
+    await nc.flush()
+    lookups = LastLookups(nc, layout.events_stream)
+    found = await asyncio.gather(*[lookups.last_on(s) for s in subjects],
+                                 lookups.last_on(subjects[0]))
+    await nc.flush()
+    await watcher.unsubscribe()
+
+    newest = {s: f"newest {i}".encode() for i, s in enumerate(subjects[::3])}
+    assert [m.data if m is not None else None for m in found] == [
+        *[newest.get(s) for s in subjects], newest[subjects[0]]]
+    assert len(asked) == 2  # MULTI_LAST_MAX + 50 subjects: two requests
+
+
+async def test_a_failed_look_up_request_fails_every_look_up_of_it(
+        events_log: tuple[Client, Layout]) -> None:
+    nc, _layout = events_log
+    lookups = LastLookups(nc, "NO_SUCH_STREAM")
+    found = await asyncio.gather(lookups.last_on("a.b"), lookups.last_on("a.c"),
+                                 return_exceptions=True)
+    assert [type(e) for e in found] == [NoRespondersError, NoRespondersError]
+
+
+async def test_a_look_up_given_up_by_its_caller_leaves_the_others_answered(
+        events_log: tuple[Client, Layout]) -> None:
+    nc, layout = events_log
+    subject = layout.aggregate_subject("command._.kept")
+    await nc.jetstream().publish(subject, b"marker")
+    lookups = LastLookups(nc, layout.events_stream)
+    given_up = lookups.last_on(layout.aggregate_subject("command._.gone"))
+    kept = lookups.last_on(subject)
+    given_up.cancel()
+    found = await kept
+    assert found is not None and found.data == b"marker"
