@@ -58,7 +58,6 @@ import dataclasses
 import functools
 import socket
 import time
-import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -78,6 +77,7 @@ from events.api.validation import START_PAUSED
 from events.api.vm import VirtualMachineInstanceNetworkInterface, VirtualMachineInstanceSpec
 from events.connect import Access, connect
 from events.errors import InvalidSpec, VirtbusError
+from events.ids import random_uuid
 from events.messages import (
     DomainObservation,
     DomainSummary,
@@ -525,7 +525,7 @@ class NodeAgent:
         fingerprint = host_fingerprint(info)
         if fingerprint == self.fingerprint and not force:
             return
-        await self._report(NodeReport(id=str(uuid.uuid4()), node=self.cfg.node, kind="node",
+        await self._report(NodeReport(id=random_uuid(), node=self.cfg.node, kind="node",
                                       info=msgspec.to_builtins(info)))
         self.fingerprint = fingerprint  # only once reported: a failed report is tried again
 
@@ -543,7 +543,7 @@ class NodeAgent:
         self.log.info("observed", vmi=ref.name, namespace=ref.namespace, phase=phase,
                       gone=gone, paused=paused, paused_reason=paused_reason, reason=reason,
                       agent_connected=agent_connected)
-        await self._report(NodeReport(id=str(uuid.uuid4()), node=self.cfg.node, kind="domain",
+        await self._report(NodeReport(id=random_uuid(), node=self.cfg.node, kind="domain",
                                       domain=obs))
         if gone or phase != GuestPhase.RUNNING:
             self.reported.pop(ref.uid, None)
@@ -562,7 +562,7 @@ class NodeAgent:
         self.log.info("interfaces observed", vmi=ref.name, namespace=ref.namespace,
                       interfaces=[(i.name, i.mac, i.ip_address) for i in interfaces])
         await self._report(NodeReport(
-            id=str(uuid.uuid4()), node=self.cfg.node, kind="interfaces",
+            id=random_uuid(), node=self.cfg.node, kind="interfaces",
             interfaces=InterfacesObservation(namespace=ref.namespace, name=ref.name,
                                              uid=ref.uid, interfaces=interfaces)))
 

@@ -41,7 +41,6 @@ import asyncio
 import functools
 import socket
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -53,6 +52,7 @@ from nats.errors import Error as NatsError
 from events.aio import pause_unless_stopped
 from events.api.resources import guest_memory_bytes, quantity
 from events.errors import VirtbusError
+from events.ids import random_uuid
 from events.messages import (
     SIMULATED_DIRTY_RATE_ANNOTATION,
     MigrationObservation,
@@ -524,7 +524,7 @@ class Migrations:
                 data_processed=transfer.processed, data_remaining=transfer.remaining)
         self.agent.log.info("migration observed", vmi=ref.name, namespace=ref.namespace,
                             migration=order.uid, state=state, reason=reason)
-        await self.agent._report(NodeReport(id=str(uuid.uuid4()), node=self.node,
+        await self.agent._report(NodeReport(id=random_uuid(), node=self.node,
                                             kind="migration", migration=obs,
                                             correlation_id=correlation_id))
 
