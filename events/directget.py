@@ -32,19 +32,28 @@ class DirectGetError(RuntimeError):
 
 
 async def direct_batch(nc: Client, stream: str, start: int, limit: int, subject: str) -> list[Msg]:
-    """Up to `limit` messages on `subject` (wildcards allowed) from sequence `start`.
+    """Up to `limit` messages on `subject` (wildcards allowed) from sequence `start`; fewer
+    only where the log holds no more.
 
     Asked through the connection's one inbox (`Requests.request_stored`): one future per
     page, not one wait per message (which cost half the replay time in nats-py's
-    `next_msg`), and no subscription of its own.
+    `next_msg`), and no subscription of its own. The server ends a batch early once it has
+    sent its byte limit (`max_pending`, 64 MB: a page of large events), its end then
+    counting what is left; the read goes on from there, or a short page would read as the
+    log's end.
     """
-    asked = {"seq": max(start, 1), "batch": limit, "next_by_subj": subject}
-    out, end = await requests(nc).request_stored(f"$JS.API.DIRECT.GET.{stream}",
-                                                 _encode_json(asked), timeout=TIMEOUT)
-    status = _status(end)
-    if status not in ("204", "404"):
-        raise DirectGetError(f"direct get of {stream} failed with status {status}")
-    return out
+    out: list[Msg] = []
+    while True:
+        asked = {"seq": max(start, 1), "batch": limit - len(out), "next_by_subj": subject}
+        page, end = await requests(nc).request_stored(f"$JS.API.DIRECT.GET.{stream}",
+                                                      _encode_json(asked), timeout=TIMEOUT)
+        status = _status(end)
+        if status not in ("204", "404"):
+            raise DirectGetError(f"direct get of {stream} failed with status {status}")
+        out.extend(page)
+        if not page or len(out) >= limit or _pending(end) == 0:
+            return out
+        start = sequence(page[-1]) + 1
 
 
 async def last_on(nc: Client, stream: str, subject: str) -> Msg | None:
@@ -73,22 +82,26 @@ async def _one(nc: Client, stream: str, asked: dict[str, str]) -> Msg | None:
 
 class LastLookups:
     """`last_on` for literal subjects of one stream, every look-up made in one turn of the
-    event loop asked together, as one multi-last Direct Get.
+    event loop asked together, as one multi-last Direct Get (or several, past
+    `MULTI_LAST_MAX` subjects).
 
     The write path looks up each command's marker while deciding it, nearly always to find
     none: one request and one answer per command were ~7 % of the control plane's time.
     Each look-up still gets its own answer (the subject's newest message, or None) or the
-    request's error."""
+    request's error; "none" only from an answer the server ended cleanly."""
 
     def __init__(self, nc: Client, stream: str) -> None:
         self.nc = nc
         self.stream = stream
         self._turn: dict[str, list[asyncio.Future[Msg | None]]] = {}
         """This turn's look-ups, by subject, asked when the turn ends."""
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._asking: set[asyncio.Task[None]] = set()
 
     def last_on(self, subject: str) -> asyncio.Future[Msg | None]:
         loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a turn left by a loop that stopped is never asked
+            self._loop, self._turn = loop, {}
         if not self._turn:
             loop.call_soon(self._ask_turn)
         found: asyncio.Future[Msg | None] = loop.create_future()
@@ -106,23 +119,46 @@ class LastLookups:
 
     async def _ask(self, asked: dict[str, list[asyncio.Future[Msg | None]]]) -> None:
         try:
-            stored, end = await requests(self.nc).request_stored(
-                f"$JS.API.DIRECT.GET.{self.stream}", _encode_json({"multi_last": list(asked)}),
-                timeout=TIMEOUT)
-            status = _status(end)
-            if status not in ("204", "404"):  # 404: none of them holds a message
-                raise DirectGetError(f"direct get of {self.stream} failed with status {status}")
+            newest = await self._newest(list(asked))
+        except asyncio.CancelledError:  # the loop stopping: no look-up is left waiting
+            for waiting in asked.values():
+                for found in waiting:
+                    found.cancel()
+            raise
         except Exception as e:  # every look-up of the request fails with it
             for waiting in asked.values():
                 for found in waiting:
                     if not found.done():
                         found.set_exception(e)
             return
-        newest = {(m.headers or {}).get("Nats-Subject"): m for m in stored}
         for subject, waiting in asked.items():
             for found in waiting:
                 if not found.done():  # its caller may have gone on without it
                     found.set_result(newest.get(subject))
+
+    async def _newest(self, subjects: list[str]) -> dict[str, Msg]:
+        """The newest message of each of `subjects` that has one. An answer the server cut
+        short past its byte limit (its end counts what it left out) is asked on for the
+        subjects it did not answer."""
+        newest: dict[str, Msg] = {}
+        left = subjects
+        while True:
+            stored, end = await requests(self.nc).request_stored(
+                f"$JS.API.DIRECT.GET.{self.stream}", _encode_json({"multi_last": left}),
+                timeout=TIMEOUT)
+            status = _status(end)
+            if status == "404" and not stored:  # none of them holds a message
+                return newest
+            if status != "204":
+                raise DirectGetError(f"direct get of {self.stream} failed with status {status}")
+            for msg in stored:
+                newest[(msg.headers or {}).get("Nats-Subject", "")] = msg
+            if _pending(end) == 0:
+                return newest
+            if not stored:
+                raise DirectGetError(f"direct get of {self.stream} ended with messages left "
+                                     "and none sent")
+            left = [s for s in left if s not in newest]
 
 
 def _found(msg: Msg) -> Msg | None:
@@ -140,6 +176,11 @@ def _status(msg: Msg) -> str | None:
     sequence, whatever else it carries (a stray stored in the log may hold a status line)."""
     headers = msg.headers or {}
     return None if "Nats-Sequence" in headers else headers.get("Status", "")
+
+
+def _pending(end: Msg) -> int:
+    """How many messages a batched Direct Get's end says it did not send."""
+    return int((end.headers or {}).get("Nats-Num-Pending", "0"))
 
 
 def sequence(msg: Msg) -> int:

@@ -102,3 +102,28 @@ async def test_a_look_up_given_up_by_its_caller_leaves_the_others_answered(
     given_up.cancel()
     found = await kept
     assert found is not None and found.data == b"marker"
+
+
+LARGE = b"x" * 1_000_000
+"""About the largest message the test server takes: 70 of them are past the 64 MB a batched
+Direct Get sends before the server ends it early."""
+
+
+async def test_a_page_the_server_cut_short_is_read_on_not_taken_for_the_log_s_end(
+        events_log: tuple[Client, Layout]) -> None:
+    nc, layout = events_log
+    subject = layout.aggregate_subject("vm.default.large")
+    for _ in range(70):
+        await nc.jetstream().publish(subject, LARGE)
+    assert len(await read_all(nc, layout.events_stream, subject)) == 70
+
+
+async def test_look_ups_the_server_answered_in_part_are_asked_on(
+        events_log: tuple[Client, Layout]) -> None:
+    nc, layout = events_log
+    subjects = [layout.aggregate_subject(f"command._.large{i}") for i in range(70)]
+    for subject in subjects:
+        await nc.jetstream().publish(subject, LARGE)
+    lookups = LastLookups(nc, layout.events_stream)
+    found = await asyncio.gather(*[lookups.last_on(s) for s in subjects])
+    assert all(m is not None and m.data == LARGE for m in found)
