@@ -155,10 +155,11 @@ class LastLookups:
                 newest[(msg.headers or {}).get("Nats-Subject", "")] = msg
             if _pending(end) == 0:
                 return newest
-            if not stored:
+            unanswered = [s for s in left if s not in newest]
+            if len(unanswered) == len(left):  # no progress: never ask the same again
                 raise DirectGetError(f"direct get of {self.stream} ended with messages left "
-                                     "and none sent")
-            left = [s for s in left if s not in newest]
+                                     "and none of them sent")
+            left = unanswered
 
 
 def _found(msg: Msg) -> Msg | None:
