@@ -8,7 +8,10 @@ In the same run, on the same server: the raw layers beneath, awaited `js.publish
 stream (one at a time) and a core NATS request/reply round trip. One JSON line:
 `commands`, `clients`, `seconds`, `per_s`, `p50_ms`, `p99_ms`, `raw_publish_per_s`,
 `raw_rtt_ms`, `ratio` (per_s / raw_publish_per_s), `p50_rtts` and `p99_rtts` (latency in
-raw round trips).
+raw round trips); and, read from `/proc` while the clock runs (`bench.cpu`), the CPU a
+command costs the machine, the control plane, nats-server (when started here) and the
+clients (`cpu_ms_*`), how busy each was (`busy_*`), and `ceiling_per_s` / `ceiling_ratio`:
+the rate at which the machine's cores or the control plane's one would be full.
 """
 
 from __future__ import annotations
@@ -28,7 +31,15 @@ import nats
 from nats.aio.msg import Msg
 from nats.js.api import StorageType, StreamConfig
 
-from bench.common import nats_server, percentile, positive, raw_stream, raw_subject
+from bench.common import (
+    Figures,
+    nats_server_process,
+    percentile,
+    positive,
+    raw_stream,
+    raw_subject,
+)
+from bench.cpu import CpuReading, cpu_figures, read_cpu
 from controlplane.user.client import Client
 from events.streams import ensure_all
 from events.subjects import Layout
@@ -75,9 +86,11 @@ async def raw_layers(url: str, layout: Layout) -> tuple[float, float]:
         await nc.close()
 
 
-async def drive(url: str, layout: Layout, clients: int,
-                commands: int) -> tuple[float, list[float]]:
-    """Seconds for all commands, and each command's submit -> outcome latency (s)."""
+async def drive(url: str, layout: Layout, clients: int, commands: int,
+                pids: dict[str, int]) -> tuple[float, list[float], CpuReading | None,
+                                               CpuReading | None]:
+    """Seconds for all commands, each command's submit -> outcome latency (s), and the CPU
+    spent by then when the clock started and when it stopped."""
     connected = [await Client.connect(url, layout.prefix, actor=f"user:bench{i}")
                  for i in range(clients)]
     latencies: list[float] = []
@@ -92,15 +105,17 @@ async def drive(url: str, layout: Layout, clients: int,
         await client(connected[0], iter([f"warm-{n}" for n in range(WARM_UP)]))
         latencies.clear()
         names = iter([f"vm-{n}" for n in range(commands)])
+        cpu_before = read_cpu(pids)
         began = time.perf_counter()
         await asyncio.gather(*[client(vb, names) for vb in connected])
-        return time.perf_counter() - began, latencies
+        seconds = time.perf_counter() - began
+        return seconds, latencies, cpu_before, read_cpu(pids)
     finally:
         for vb in connected:
             await vb.close()
 
 
-async def measure(url: str, clients: int, commands: int) -> dict[str, float | int]:
+async def measure(url: str, server_pid: int | None, clients: int, commands: int) -> Figures:
     layout = Layout("bench" + uuid.uuid4().hex[:8])
     nc = await nats.connect(url)
     await ensure_all(nc.jetstream(), layout)
@@ -110,7 +125,11 @@ async def measure(url: str, clients: int, commands: int) -> dict[str, float | in
                               "--prefix", layout.prefix], cwd=ROOT, env=env)
     try:
         raw_publish_per_s, raw_rtt_ms = await raw_layers(url, layout)
-        seconds, latencies = await drive(url, layout, clients, commands)
+        pids = {"controlplane": plane.pid, "clients": os.getpid()}
+        if server_pid is not None:
+            pids["nats_server"] = server_pid
+        seconds, latencies, cpu_before, cpu_after = await drive(url, layout, clients,
+                                                                commands, pids)
     finally:
         plane.terminate()
         plane.wait(timeout=30)
@@ -121,7 +140,9 @@ async def measure(url: str, clients: int, commands: int) -> dict[str, float | in
             "per_s": round(per_s, 1), "p50_ms": round(p50_ms, 3), "p99_ms": round(p99_ms, 3),
             "raw_publish_per_s": round(raw_publish_per_s, 1), "raw_rtt_ms": round(raw_rtt_ms, 4),
             "ratio": round(per_s / raw_publish_per_s, 3),
-            "p50_rtts": round(p50_ms / raw_rtt_ms, 1), "p99_rtts": round(p99_ms / raw_rtt_ms, 1)}
+            "p50_rtts": round(p50_ms / raw_rtt_ms, 1), "p99_rtts": round(p99_ms / raw_rtt_ms, 1),
+            **cpu_figures(cpu_before, cpu_after, commands, seconds,
+                          raw_per_s=raw_publish_per_s, single_threaded="controlplane")}
 
 
 def main() -> None:
@@ -132,8 +153,8 @@ def main() -> None:
     p.add_argument("--nats-url", default=None,
                    help="an existing NATS server (default: start one in a temp dir)")
     args = p.parse_args()
-    with nats_server(args.nats_url) as url:
-        figures = asyncio.run(measure(url, args.clients, args.commands))
+    with nats_server_process(args.nats_url) as (url, server_pid):
+        figures = asyncio.run(measure(url, server_pid, args.clients, args.commands))
     print(json.dumps(figures))
 
 

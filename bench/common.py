@@ -99,12 +99,19 @@ def parser(description: str, events: int) -> argparse.ArgumentParser:
 @contextmanager
 def nats_server(url: str | None) -> Iterator[str]:
     """`url` if given, else a fresh embedded nats-server in a temp dir for this run only."""
+    with nats_server_process(url) as (served, _pid):
+        yield served
+
+
+@contextmanager
+def nats_server_process(url: str | None) -> Iterator[tuple[str, int | None]]:
+    """As `nats_server`, with the server's process id when it was started here."""
     if url:
-        yield url
+        yield url, None
         return
     with tempfile.TemporaryDirectory(prefix="virtbus-bench-") as tmp, \
             EmbeddedNats(Path(tmp)) as server:
-        yield server.url
+        yield server.url, server.process.pid if server.process is not None else None
 
 
 def raw_stream(layout: Layout) -> str:

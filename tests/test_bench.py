@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,11 @@ def test_bench_commands_prints_figures() -> None:
     for key in ("per_s", "p50_ms", "p99_ms", "raw_publish_per_s", "raw_rtt_ms", "ratio"):
         assert isinstance(figures[key], int | float) and figures[key] > 0, (key, figures)
     assert (figures["commands"], figures["clients"]) == (30, 3)
+    # CPU while the clock ran, read from /proc (a short run may see no tick of a process)
+    for key in ("cpu_ms_machine", "cpu_ms_controlplane", "cpu_ms_clients",
+                "cpu_ms_nats_server", "busy_machine", "busy_controlplane"):
+        assert isinstance(figures[key], int | float) and figures[key] >= 0, (key, figures)
+    assert figures["cores"] == os.cpu_count()
 
 
 def test_bench_scheduling_prints_figures() -> None:
