@@ -42,9 +42,12 @@ def read_cpu(pids: Mapping[str, int]) -> CpuReading | None:
 
 def busy_seconds(cpu_line: str) -> float:
     """From `/proc/stat`'s first line (every core added up: `cpu  user nice system idle
-    iowait irq softirq steal ...`), the seconds not idle nor waiting for I/O."""
-    ticks = [int(t) for t in cpu_line.split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / CLOCK_TICKS_PER_SECOND
+    iowait irq softirq steal guest guest_nice`), the seconds spent running: user, nice,
+    system, irq and softirq. Not idle, I/O wait, nor steal (the hypervisor running someone
+    else); guest time is counted in user and nice already."""
+    user, nice, system, _idle, _iowait, irq, softirq = (
+        int(t) for t in cpu_line.split()[1:8])
+    return (user + nice + system + irq + softirq) / CLOCK_TICKS_PER_SECOND
 
 
 def _process_seconds(pid: int) -> float:
