@@ -3,6 +3,12 @@
 One request returns up to `limit` messages (the server streams them to an inbox and ends
 with a 204 status), so reading a log costs one round trip per page, not per message; and
 one request looks up many subjects' newest messages (`LastLookups`).
+
+An answer is many messages, and the client may drop some on the way (nats-py drops what
+arrives while a subscription's pending limit is full, a slow consumer). The server chains
+each message of an answer to the one it sent before (`Nats-Last-Sequence`, 0 for the first)
+and the end to the last; a broken chain is a message lost, and the read asks again from
+there, so a lost message never reads as the log's end or as a subject with none.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ class DirectGetError(RuntimeError):
     pass
 
 
+class MessagesLost(DirectGetError):
+    """An answer lost its first message on the way, so asking again made no progress: a
+    slow consumer, transient (`events.transient`)."""
+
+
 async def direct_batch(nc: Client, stream: str, start: int, limit: int, subject: str) -> list[Msg]:
     """Up to `limit` messages on `subject` (wildcards allowed) from sequence `start`; fewer
     only where the log holds no more.
@@ -50,10 +61,14 @@ async def direct_batch(nc: Client, stream: str, start: int, limit: int, subject:
         status = _status(end)
         if status not in ("204", "404"):
             raise DirectGetError(f"direct get of {stream} failed with status {status}")
-        out.extend(page)
-        if not page or len(out) >= limit or _pending(end) == 0:
+        kept, whole = _intact(page, end)
+        out.extend(kept)
+        if whole and (not page or len(out) >= limit or _pending(end) == 0):
             return out
-        start = sequence(page[-1]) + 1
+        if not kept:
+            raise MessagesLost(f"direct get of {stream}: the answer's first message was "
+                               "lost on the way (a slow consumer)")
+        start = sequence(kept[-1]) + 1
 
 
 async def last_on(nc: Client, stream: str, subject: str) -> Msg | None:
@@ -151,14 +166,17 @@ class LastLookups:
                 return newest
             if status != "204":
                 raise DirectGetError(f"direct get of {self.stream} failed with status {status}")
-            for msg in stored:
+            kept, whole = _intact(stored, end)
+            for msg in kept:
                 newest[(msg.headers or {}).get("Nats-Subject", "")] = msg
-            if _pending(end) == 0:
+            if whole and _pending(end) == 0:
                 return newest
             unanswered = [s for s in left if s not in newest]
             if len(unanswered) == len(left):  # no progress: never ask the same again
-                raise DirectGetError(f"direct get of {self.stream} ended with messages left "
-                                     "and none of them sent")
+                raise (DirectGetError(f"direct get of {self.stream} ended with messages "
+                                      "left and none of them sent") if whole else
+                       MessagesLost(f"direct get of {self.stream}: the answer's first "
+                                    "message was lost on the way (a slow consumer)"))
             left = unanswered
 
 
@@ -177,6 +195,23 @@ def _status(msg: Msg) -> str | None:
     sequence, whatever else it carries (a stray stored in the log may hold a status line)."""
     headers = msg.headers or {}
     return None if "Nats-Sequence" in headers else headers.get("Status", "")
+
+
+def _intact(stored: list[Msg], end: Msg) -> tuple[list[Msg], bool]:
+    """The messages of a batched answer up to the first one lost on the way, and whether
+    none was: each names the sequence sent before it (`Nats-Last-Sequence`, 0 for the
+    first) and the end names the last. A server that names none is taken at its word."""
+    previous = 0
+    for at, msg in enumerate(stored):
+        if _sent_before(msg) not in (None, previous):
+            return stored[:at], False
+        previous = sequence(msg)
+    return stored, _sent_before(end) in (None, previous)
+
+
+def _sent_before(msg: Msg) -> int | None:
+    named = (msg.headers or {}).get("Nats-Last-Sequence")
+    return int(named) if named is not None else None
 
 
 def _pending(end: Msg) -> int:

@@ -27,6 +27,8 @@ from nats.errors import (
 )
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
+from events.directget import MessagesLost
+
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
@@ -48,6 +50,7 @@ TRANSIENT_ERRORS: Final = (
     ConnectionReconnectingError,
     OutboundBufferLimitError,  # too much written while reconnecting
     SlowConsumerError,
+    MessagesLost,  # a batched read's answer lost its first message: the same, for a read
     ServiceUnavailableError,
 )
 """Failures of a connection that reconnects. A *closed* connection (`ConnectionClosedError`,

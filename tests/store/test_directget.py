@@ -11,10 +11,11 @@ from collections.abc import AsyncIterator
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
+from nats.errors import NoRespondersError, SlowConsumerError
 
 from events.connect import connect
 from events.directget import MULTI_LAST_MAX, LastLookups, last_on, read_all
+from events.requests import requests
 from events.streams import ensure_all
 from events.subjects import Layout
 
@@ -127,3 +128,58 @@ async def test_look_ups_the_server_answered_in_part_are_asked_on(
     lookups = LastLookups(nc, layout.events_stream)
     found = await asyncio.gather(*[lookups.last_on(s) for s in subjects])
     assert all(m is not None and m.data == LARGE for m in found)
+
+
+SMALL = b"y" * 100
+
+
+async def starved(nats_url: str, stream: str) -> tuple[Client, list[Exception]]:
+    """A connection whose one request inbox drops what arrives while ten small messages wait
+    there (a slow consumer: nats-py drops rather than queue past a subscription's pending
+    limit), and the slow-consumer errors it reports. nats-py sets a subscription's limits
+    only when it is made, so the inbox's is lowered in place once a request made it."""
+    dropped: list[Exception] = []
+
+    async def note(error: Exception) -> None:
+        if isinstance(error, SlowConsumerError):
+            dropped.append(error)
+
+    nc = await connect(nats_url, "test-directget-starved", error_cb=note)
+    await last_on(nc, stream, "no.such.subject")  # the inbox is made by the first request
+    [inbox] = [sub for sub in nc._subs.values()
+               if getattr(sub._cb, "__self__", None) is requests(nc)]
+    inbox._pending_bytes_limit = 10 * len(SMALL)
+    return nc, dropped
+
+
+async def test_a_message_a_slow_consumer_dropped_is_asked_again_not_taken_for_the_end(
+        events_log: tuple[Client, Layout], nats_url: str) -> None:
+    nc, layout = events_log
+    subject = layout.aggregate_subject("vm.default.many")
+    for i in range(400):
+        await nc.jetstream().publish(subject, SMALL, headers={"n": str(i)})
+    reader, dropped = await starved(nats_url, layout.events_stream)
+    try:
+        read = await read_all(reader, layout.events_stream, subject)
+    finally:
+        await reader.close()
+    assert dropped  # the answers did lose messages on the way
+    assert [int((m.headers or {})["n"]) for m in read] == list(range(400))
+
+
+async def test_a_look_up_whose_answer_a_slow_consumer_dropped_is_asked_again(
+        events_log: tuple[Client, Layout], nats_url: str) -> None:
+    """A look-up answered "none" for a marker that is there would let a command delivered
+    again be decided again."""
+    nc, layout = events_log
+    subjects = [layout.aggregate_subject(f"command._.m{i}") for i in range(MULTI_LAST_MAX)]
+    for subject in subjects:
+        await nc.jetstream().publish(subject, SMALL)
+    reader, dropped = await starved(nats_url, layout.events_stream)
+    try:
+        lookups = LastLookups(reader, layout.events_stream)
+        found = await asyncio.gather(*[lookups.last_on(s) for s in subjects])
+    finally:
+        await reader.close()
+    assert dropped
+    assert [m is not None and m.data == SMALL for m in found] == [True] * len(subjects)
