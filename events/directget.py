@@ -37,9 +37,14 @@ class DirectGetError(RuntimeError):
     pass
 
 
+LOST_ASKS: Final = 3
+"""Answers in a row that lose their first message on the way (so the read gains nothing)
+before it gives up (`MessagesLost`)."""
+
+
 class MessagesLost(DirectGetError):
-    """An answer lost its first message on the way, so asking again made no progress: a
-    slow consumer, transient (`events.transient`)."""
+    """`LOST_ASKS` answers in a row lost their first message on the way: a slow consumer,
+    transient (`events.transient`)."""
 
 
 async def direct_batch(nc: Client, stream: str, start: int, limit: int, subject: str) -> list[Msg]:
@@ -54,6 +59,7 @@ async def direct_batch(nc: Client, stream: str, start: int, limit: int, subject:
     log's end.
     """
     out: list[Msg] = []
+    lost = 0
     while True:
         asked = {"seq": max(start, 1), "batch": limit - len(out), "next_by_subj": subject}
         page, end = await requests(nc).request_stored(f"$JS.API.DIRECT.GET.{stream}",
@@ -65,10 +71,9 @@ async def direct_batch(nc: Client, stream: str, start: int, limit: int, subject:
         out.extend(kept)
         if whole and (not page or len(out) >= limit or _pending(end) == 0):
             return out
-        if not kept:
-            raise MessagesLost(f"direct get of {stream}: the answer's first message was "
-                               "lost on the way (a slow consumer)")
-        start = sequence(kept[-1]) + 1
+        lost = 0 if kept else _lost_again(lost, stream)
+        if kept:
+            start = sequence(kept[-1]) + 1
 
 
 async def last_on(nc: Client, stream: str, subject: str) -> Msg | None:
@@ -157,26 +162,27 @@ class LastLookups:
         subjects it did not answer."""
         newest: dict[str, Msg] = {}
         left = subjects
+        lost = 0
         while True:
             stored, end = await requests(self.nc).request_stored(
                 f"$JS.API.DIRECT.GET.{self.stream}", _encode_json({"multi_last": left}),
                 timeout=TIMEOUT)
             status = _status(end)
-            if status == "404" and not stored:  # none of them holds a message
-                return newest
+            if status == "404" and not stored and _description(end) == "No Results":
+                return newest  # none of them holds a message (not one that failed to load)
             if status != "204":
-                raise DirectGetError(f"direct get of {self.stream} failed with status {status}")
-            kept, whole = _intact(stored, end)
-            for msg in kept:
+                raise DirectGetError(f"direct get of {self.stream} failed with status "
+                                     f"{status} {_description(end)}".rstrip())
+            for msg in stored:  # each names its subject: a gap before it takes nothing away
                 newest[(msg.headers or {}).get("Nats-Subject", "")] = msg
+            _kept, whole = _intact(stored, end)
             if whole and _pending(end) == 0:
                 return newest
             unanswered = [s for s in left if s not in newest]
-            if len(unanswered) == len(left):  # no progress: never ask the same again
-                raise (DirectGetError(f"direct get of {self.stream} ended with messages "
-                                      "left and none of them sent") if whole else
-                       MessagesLost(f"direct get of {self.stream}: the answer's first "
-                                    "message was lost on the way (a slow consumer)"))
+            if len(unanswered) == len(left) and whole:  # never ask the same again
+                raise DirectGetError(f"direct get of {self.stream} ended with messages left "
+                                     "and none of them sent")
+            lost = 0 if len(unanswered) < len(left) else _lost_again(lost, self.stream)
             left = unanswered
 
 
@@ -207,6 +213,19 @@ def _intact(stored: list[Msg], end: Msg) -> tuple[list[Msg], bool]:
             return stored[:at], False
         previous = sequence(msg)
     return stored, _sent_before(end) in (None, previous)
+
+
+def _lost_again(lost: int, stream: str) -> int:
+    """One more answer in a row that gained nothing, its first message lost on the way;
+    `MessagesLost` at the `LOST_ASKS`th."""
+    if lost + 1 >= LOST_ASKS:
+        raise MessagesLost(f"direct get of {stream}: {LOST_ASKS} answers in a row lost "
+                           "their first message on the way (a slow consumer)")
+    return lost + 1
+
+
+def _description(msg: Msg) -> str:
+    return (msg.headers or {}).get("Description", "")
 
 
 def _sent_before(msg: Msg) -> int | None:

@@ -14,10 +14,18 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError, SlowConsumerError
 
 from events.connect import connect
-from events.directget import MULTI_LAST_MAX, LastLookups, last_on, read_all
+from events.directget import (
+    LOST_ASKS,
+    MULTI_LAST_MAX,
+    LastLookups,
+    MessagesLost,
+    last_on,
+    read_all,
+)
 from events.requests import requests
 from events.streams import ensure_all
 from events.subjects import Layout
+from events.transient import is_transient
 
 
 @pytest.fixture
@@ -133,11 +141,13 @@ async def test_look_ups_the_server_answered_in_part_are_asked_on(
 SMALL = b"y" * 100
 
 
-async def starved(nats_url: str, stream: str) -> tuple[Client, list[Exception]]:
-    """A connection whose one request inbox drops what arrives while ten small messages wait
-    there (a slow consumer: nats-py drops rather than queue past a subscription's pending
-    limit), and the slow-consumer errors it reports. nats-py sets a subscription's limits
-    only when it is made, so the inbox's is lowered in place once a request made it."""
+async def starved(nats_url: str, stream: str,
+                  room: int = 10 * len(SMALL)) -> tuple[Client, list[Exception]]:
+    """A connection whose one request inbox drops what arrives while `room` bytes (ten
+    small messages) wait there (a slow consumer: nats-py drops rather than queue past a
+    subscription's pending limit), and the slow-consumer errors it reports. nats-py sets a
+    subscription's limits only when it is made, so the inbox's is lowered in place once a
+    request made it."""
     dropped: list[Exception] = []
 
     async def note(error: Exception) -> None:
@@ -148,7 +158,7 @@ async def starved(nats_url: str, stream: str) -> tuple[Client, list[Exception]]:
     await last_on(nc, stream, "no.such.subject")  # the inbox is made by the first request
     [inbox] = [sub for sub in nc._subs.values()
                if getattr(sub._cb, "__self__", None) is requests(nc)]
-    inbox._pending_bytes_limit = 10 * len(SMALL)
+    inbox._pending_bytes_limit = room
     return nc, dropped
 
 
@@ -183,3 +193,33 @@ async def test_a_look_up_whose_answer_a_slow_consumer_dropped_is_asked_again(
         await reader.close()
     assert dropped
     assert [m is not None and m.data == SMALL for m in found] == [True] * len(subjects)
+
+
+async def test_answers_that_keep_losing_their_first_message_end_in_a_transient_error(
+        events_log: tuple[Client, Layout], nats_url: str) -> None:
+    """An inbox with no room for one message loses every stored message of every answer
+    (the ends, empty, still arrive): the read asks `LOST_ASKS` times, then raises what a
+    retrying caller takes as transient; never an empty page or "none"."""
+    nc, layout = events_log
+    subject = layout.aggregate_subject("command._.lost")
+    await nc.jetstream().publish(subject, SMALL)
+    asked: list[bytes] = []
+
+    async def count(msg: Msg) -> None:
+        asked.append(msg.data)
+
+    watcher = await nc.subscribe(f"$JS.API.DIRECT.GET.{layout.events_stream}", cb=count)
+    await nc.flush()
+    reader, dropped = await starved(nats_url, layout.events_stream, room=len(SMALL) // 2)
+    try:
+        with pytest.raises(MessagesLost) as read:
+            await read_all(reader, layout.events_stream, subject)
+        with pytest.raises(MessagesLost) as looked_up:
+            await LastLookups(reader, layout.events_stream).last_on(subject)
+    finally:
+        await reader.close()
+    await nc.flush()
+    await watcher.unsubscribe()
+    assert is_transient(read.value) and is_transient(looked_up.value)
+    assert len(asked) == 1 + 2 * LOST_ASKS  # the request that made the inbox, then each read's
+    assert len(dropped) == 2 * LOST_ASKS
