@@ -31,7 +31,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
-from nats.errors import StaleConnectionError
+from nats.errors import SlowConsumerError, StaleConnectionError
 from nats.js.errors import APIError, ServiceUnavailableError
 
 from events.aio import unless_stopped
@@ -250,6 +250,8 @@ class _Reporter:
         self.attempt = 0
         self.last_error: Exception | None = None
         self.lost: Exception | None = None
+        self.dropped = 0
+        """Messages nats-py dropped for a slow consumer on this connection so far."""
         options.update(error_cb=self.on_error, disconnected_cb=self.on_disconnected,
                        reconnected_cb=self.on_reconnected)
 
@@ -266,12 +268,23 @@ class _Reporter:
             self.lost = e
         elif self.quiet:
             pass
+        elif isinstance(e, SlowConsumerError):
+            self._slow_consumer(e)
         elif isinstance(e, OSError | NatsError):
             log.warning("NATS error", url=self.url, connection=self.name, error=describe(e))
         else:  # a subscription's callback failed: a bug, worth its traceback
             log.error("NATS callback failed", connection=self.name, exc_info=e)
         if self.own_error_cb is not None:
             await self.own_error_cb(e)
+
+    def _slow_consumer(self, e: SlowConsumerError) -> None:
+        """A line at the 1st, 10th, 100th... message dropped: drops come in bursts, on a
+        loop too busy already for a line each."""
+        self.dropped += 1
+        if self.dropped == 10 ** (len(str(self.dropped)) - 1):
+            log.warning("NATS dropped messages: a subscription fell behind",
+                        url=self.url, connection=self.name, subject=e.subject,
+                        dropped_total=self.dropped)
 
     async def on_disconnected(self) -> None:
         if (self.nc.is_reconnecting or self.lost is not None) and not self.quiet:

@@ -12,6 +12,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError, SlowConsumerError
+from structlog.testing import capture_logs
 
 from events.connect import connect
 from events.directget import (
@@ -141,20 +142,21 @@ async def test_look_ups_the_server_answered_in_part_are_asked_on(
 SMALL = b"y" * 100
 
 
-async def starved(nats_url: str, stream: str,
-                  room: int = 10 * len(SMALL)) -> tuple[Client, list[Exception]]:
+async def starved(nats_url: str, stream: str, room: int = 10 * len(SMALL), *,
+                  counted: bool = True) -> tuple[Client, list[Exception]]:
     """A connection whose one request inbox drops what arrives while `room` bytes (ten
     small messages) wait there (a slow consumer: nats-py drops rather than queue past a
-    subscription's pending limit), and the slow-consumer errors it reports. nats-py sets a
-    subscription's limits only when it is made, so the inbox's is lowered in place once a
-    request made it."""
+    subscription's pending limit), and the slow-consumer errors it reports (if `counted`;
+    else the connection logs them itself). nats-py sets a subscription's limits only when
+    it is made, so the inbox's is lowered in place once a request made it."""
     dropped: list[Exception] = []
 
     async def note(error: Exception) -> None:
         if isinstance(error, SlowConsumerError):
             dropped.append(error)
 
-    nc = await connect(nats_url, "test-directget-starved", error_cb=note)
+    nc = await (connect(nats_url, "test-directget-starved", error_cb=note) if counted
+                else connect(nats_url, "test-directget-starved"))
     await last_on(nc, stream, "no.such.subject")  # the inbox is made by the first request
     [inbox] = [sub for sub in nc._subs.values()
                if getattr(sub._cb, "__self__", None) is requests(nc)]
@@ -223,3 +225,23 @@ async def test_answers_that_keep_losing_their_first_message_end_in_a_transient_e
     assert is_transient(read.value) and is_transient(looked_up.value)
     assert len(asked) == 1 + 2 * LOST_ASKS  # the request that made the inbox, then each read's
     assert len(dropped) == 2 * LOST_ASKS
+
+
+async def test_messages_dropped_by_a_slow_consumer_are_logged_in_lines_of_tens(
+        events_log: tuple[Client, Layout], nats_url: str) -> None:
+    """Drops come in bursts on a loop already too busy: a line at the 1st, 10th, 100th...,
+    each with the total, not a line per message."""
+    nc, layout = events_log
+    subject = layout.aggregate_subject("vm.default.logged")
+    for _ in range(400):
+        await nc.jetstream().publish(subject, SMALL)
+    reader, _ = await starved(nats_url, layout.events_stream, counted=False)
+    try:
+        with capture_logs() as logs:
+            assert len(await read_all(reader, layout.events_stream, subject)) == 400
+    finally:
+        await reader.close()
+    totals = [line["dropped_total"] for line in logs
+              if line["event"].startswith("NATS dropped messages")]
+    assert len(totals) >= 2  # ten drops at least, in two lines
+    assert totals == [10 ** i for i in range(len(totals))]
