@@ -22,7 +22,7 @@ from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from events.aio import pause_unless_stopped
-from events.streams import LEASE_TTL
+from events.streams import LEASE_TTL, create_key
 from events.subjects import Layout
 from events.transient import is_transient, note, retry_until_stopped
 
@@ -53,11 +53,14 @@ class Lease:
             entry = await kv.get(LEASE_KEY)
         except KeyNotFoundError:
             entry = None
+        if entry is None or entry.value != value:
+            created = await create_key(kv, LEASE_KEY, value)
+            if created is None:
+                return False
+            self.revision = created
+            return True
         try:
-            if entry is not None and entry.value == value:
-                self.revision = await kv.update(LEASE_KEY, value, last=entry.revision)
-            else:
-                self.revision = await kv.create(LEASE_KEY, value)
+            self.revision = await kv.update(LEASE_KEY, value, last=entry.revision)
         except KeyWrongLastSequenceError:
             return False
         return True

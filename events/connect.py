@@ -32,7 +32,7 @@ import structlog
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.errors import SlowConsumerError, StaleConnectionError
-from nats.js.errors import APIError, ServiceUnavailableError
+from nats.js.errors import APIError, KeyValueError, ServiceUnavailableError
 
 from events.aio import unless_stopped
 from events.subjects import DEFAULT_PREFIX
@@ -197,6 +197,8 @@ def describe(error: BaseException) -> str:
         return "timed out"
     if isinstance(error, ServiceUnavailableError):  # not always with a description
         return "JetStream unavailable"
+    if isinstance(error, KeyValueError):  # no description: "key not found" says it
+        return str(error).removeprefix("nats: ")
     if isinstance(error, APIError):
         return error.description or type(error).__name__
     if isinstance(error, OSError) and error.errno is not None and error.errno in errnos.errorcode:

@@ -51,6 +51,7 @@ from events.datastore import (
     StreamSpace,
 )
 from events.directget import PAGE, sequence
+from events.streams import create_key
 from events.subjects import (
     DEFAULT_PREFIX,
     Layout,
@@ -296,11 +297,12 @@ class JetStreamTrackingRecorder(TrackingRecorder):
                     f"not below {tracking.notification_id}"
                 )
             value = str(tracking.notification_id).encode()
+            if entry is None:
+                if await create_key(self._kv, key, value) is not None:
+                    return
+                continue
             try:
-                if entry is None:
-                    await self._kv.create(key, value)
-                else:
-                    await self._kv.update(key, value, last=entry.revision)
+                await self._kv.update(key, value, last=entry.revision)
                 return
             except KeyWrongLastSequenceError:
                 continue

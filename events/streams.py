@@ -18,7 +18,13 @@ from nats.js.api import (
     StreamInfo,
 )
 from nats.js.client import JetStreamContext
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import (
+    BadRequestError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
+from nats.js.kv import KeyValue
 
 from events.aio import ACK_WAIT_SECONDS
 from events.connect import Access, connect
@@ -282,6 +288,17 @@ async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> None:
                                  allow_direct=config.direct)
     await retry_within(lambda: js.update_stream(wanted), "updating bucket",
                        ENSURE_WITHIN_SECONDS, bucket=config.bucket)
+
+
+async def create_key(kv: KeyValue, key: str, value: bytes) -> int | None:
+    """Create `key` if it does not exist: its revision, or None if it does. nats-py, refused,
+    reads the key back to tell a deleted key (which it creates over) from a live one, and
+    raises "not found" if that read misses the key: one that expired in between (a lease a
+    starved leader did not renew). The create was refused all the same."""
+    try:
+        return await kv.create(key, value)
+    except (KeyWrongLastSequenceError, KeyNotFoundError):
+        return None
 
 
 async def wait_for_streams(js: JetStreamContext, layout: Layout,

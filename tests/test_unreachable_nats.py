@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from nats.errors import Error as NatsError
-from nats.js.errors import ServiceUnavailableError
+from nats.js.errors import KeyNotFoundError, ServiceUnavailableError
 
 from events.connect import connect, describe, shown
 from events.server import EmbeddedNats, free_port
@@ -102,6 +102,7 @@ def test_shown_and_described() -> None:
     assert describe(TimeoutError()) == "timed out"
     assert describe(NatsError("nats: 'Authorization Violation'")) == "authorization violation"
     assert describe(ServiceUnavailableError()) == "JetStream unavailable"
+    assert describe(KeyNotFoundError()) == "key not found"  # a KV error has no description
 
 
 # -- services -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from nats.aio.client import Client as Nats
+from nats.aio.msg import Msg
 from nats.js.api import DiscardPolicy, StreamConfig
 from nats.js.kv import KeyValue
 from structlog.testing import capture_logs
@@ -26,6 +27,8 @@ from events.connect import connect
 from events.streams import LEASE_TTL, ensure_all
 from events.subjects import Layout
 from tests.system.harness import eventually
+
+RACE_ROUNDS = 20
 
 
 @pytest.fixture
@@ -89,6 +92,42 @@ async def test_a_leader_keeps_what_is_its_own(nc: Nats, kv: KeyValue, prefix: st
     assert await Lease(nc, layout, "cp-b").acquire(stop)
     assert not await lease.renew(kv)
     assert await holder(kv) == "cp-b"
+
+
+async def test_a_standby_refused_while_the_key_expires_stands_by_and_then_leads(
+        nc: Nats, kv: KeyValue, prefix: str) -> None:
+    """A standby's create is refused while the leader's key is there, and the key expires
+    before nats-py reads it back (to tell a deleted key, which it creates over, from a live
+    one): the read finds nothing. That is a lost race, not a failure that stops the standby.
+    The expiry is timed by a subscriber, on the standby's own connection, that sees the
+    refused create and deletes the key at once: its delete goes out ahead of the read-back."""
+    layout = Layout(prefix)
+    standby = Lease(nc, layout, "cp-b")
+    stream = f"KV_{layout.leases_bucket}"
+    leader_revision: list[int] = []
+    expired = asyncio.Event()
+
+    async def expire_when_cp_b_publishes(msg: Msg) -> None:
+        if msg.data == b"cp-b" and leader_revision:
+            await nc.jetstream().delete_msg(stream, leader_revision.pop())
+            expired.set()
+
+    sub = await nc.subscribe(f"$KV.{layout.leases_bucket}.{LEASE_KEY}",
+                             cb=expire_when_cp_b_publishes)
+    refused = 0
+    try:
+        for _ in range(RACE_ROUNDS):
+            await nc.jetstream().purge_stream(stream)
+            expired.clear()
+            leader_revision.append(await kv.put(LEASE_KEY, b"cp-a"))
+            if await standby._try(kv):  # the delete came first: nothing to be refused by
+                continue
+            refused += 1
+            await expired.wait()
+            assert await standby._try(kv)  # next period: the expired lease is its
+    finally:
+        await sub.unsubscribe()
+    assert refused > 0
 
 
 async def test_a_standby_pays_for_its_first_decision_before_it_leads(
