@@ -18,11 +18,11 @@ import asyncio
 import structlog
 from nats.aio.client import Client
 from nats.js.api import Header
-from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import APIError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from events.aio import pause_unless_stopped
-from events.streams import LEASE_TTL, create_key
+from events.streams import LEASE_TTL, create_key, get_key
 from events.subjects import Layout
 from events.transient import is_transient, note, retry_until_stopped
 
@@ -49,10 +49,7 @@ class Lease:
 
     async def _try(self, kv: KeyValue) -> bool:
         value = self.holder.encode()
-        try:
-            entry = await kv.get(LEASE_KEY)
-        except KeyNotFoundError:
-            entry = None
+        entry = await get_key(kv, LEASE_KEY)
         if entry is None or entry.value != value:
             created = await create_key(kv, LEASE_KEY, value)
             if created is None:
@@ -120,9 +117,8 @@ class Lease:
             return True
         except KeyWrongLastSequenceError:
             pass
-        try:
-            entry = await kv.get(LEASE_KEY)
-        except KeyNotFoundError:
+        entry = await get_key(kv, LEASE_KEY)
+        if entry is None:
             return await self._create_unless_written_since()
         if entry.value != value:
             return False

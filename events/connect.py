@@ -197,8 +197,8 @@ def describe(error: BaseException) -> str:
         return "timed out"
     if isinstance(error, ServiceUnavailableError):  # not always with a description
         return "JetStream unavailable"
-    if isinstance(error, KeyValueError):  # no description: "key not found" says it
-        return str(error).removeprefix("nats: ")
+    if isinstance(error, KeyValueError):  # "key not found" has no description; its text says it
+        return getattr(error, "description", None) or str(error).removeprefix("nats: ")
     if isinstance(error, APIError):
         return error.description or type(error).__name__
     if isinstance(error, OSError) and error.errno is not None and error.errno in errnos.errorcode:

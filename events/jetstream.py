@@ -39,7 +39,7 @@ from eventsourcing.persistence import (
 from eventsourcing.utils import Environment, resolve_topic
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy, KeyValueConfig
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from events.connect import DEFAULT_URL
@@ -51,7 +51,7 @@ from events.datastore import (
     StreamSpace,
 )
 from events.directget import PAGE, sequence
-from events.streams import create_key
+from events.streams import create_key, get_key
 from events.subjects import (
     DEFAULT_PREFIX,
     Layout,
@@ -286,10 +286,7 @@ class JetStreamTrackingRecorder(TrackingRecorder):
     async def _insert_tracking(self, tracking: Tracking) -> None:
         key = encode_token(tracking.application_name)
         for _attempt in range(MAX_APPEND_ATTEMPTS):
-            try:
-                entry = await self._kv.get(key)
-            except KeyNotFoundError:
-                entry = None
+            entry = await get_key(self._kv, key)
             current = int(entry.value or b"0") if entry is not None else None
             if current is not None and current >= tracking.notification_id:
                 raise IntegrityError(
@@ -312,11 +309,8 @@ class JetStreamTrackingRecorder(TrackingRecorder):
         return self.datastore.bridge.run(self._max_tracking_id(application_name))
 
     async def _max_tracking_id(self, application_name: str) -> int | None:
-        try:
-            entry = await self._kv.get(encode_token(application_name))
-        except KeyNotFoundError:
-            return None
-        return int(entry.value or b"0")
+        entry = await get_key(self._kv, encode_token(application_name))
+        return int(entry.value or b"0") if entry is not None else None
 
 
 class JetStreamProcessRecorder(JetStreamApplicationRecorder, ProcessRecorder):

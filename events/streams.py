@@ -19,6 +19,7 @@ from nats.js.api import (
 )
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
+    APIError,
     BadRequestError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
@@ -29,7 +30,7 @@ from nats.js.kv import KeyValue
 from events.aio import ACK_WAIT_SECONDS
 from events.connect import Access, connect
 from events.subjects import Layout, encode_token
-from events.transient import retry_within
+from events.transient import is_transient, retry_within
 
 EVENT_DEDUPE_WINDOW: Final = 10 * 60.0
 COMMAND_RETENTION: Final = 7 * 24 * 3600.0
@@ -288,6 +289,21 @@ async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> None:
                                  allow_direct=config.direct)
     await retry_within(lambda: js.update_stream(wanted), "updating bucket",
                        ENSURE_WITHIN_SECONDS, bucket=config.bucket)
+
+
+async def get_key(kv: KeyValue, key: str) -> KeyValue.Entry | None:
+    """The key's entry, None if it is absent or deleted. nats-py reads every 404 as "key not
+    found", a stream not found too, which a cluster answers while it elects the bucket's
+    leader: that one is raised as the server gave it (transient), not taken for an absent
+    key (a dispatcher's checkpoint read as none would dispatch the log again from its
+    start; a leader's lease read as lapsed would step down)."""
+    try:
+        return await kv.get(key)
+    except KeyNotFoundError as e:
+        answer = e.__context__
+        if isinstance(answer, APIError) and is_transient(answer):
+            raise answer from None
+        return None
 
 
 async def create_key(kv: KeyValue, key: str, value: bytes) -> int | None:

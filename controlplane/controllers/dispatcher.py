@@ -52,7 +52,7 @@ from typing import Any
 import msgspec
 import structlog
 from nats.aio.client import Client
-from nats.js.errors import APIError, KeyNotFoundError
+from nats.js.errors import APIError
 from nats.js.kv import KeyValue
 
 from controlplane.defaults import (
@@ -70,7 +70,7 @@ from events.migration import (
     MigrationTargetScheduled,
 )
 from events.nodes import NodeRegistered
-from events.streams import work_consumer, work_consumer_config
+from events.streams import get_key, work_consumer, work_consumer_config
 from events.subjects import Layout, split_aggregate_id
 from events.transient import is_transient, retry_until_stopped
 from events.vm import (
@@ -199,12 +199,8 @@ class Dispatcher:
     async def load_checkpoint(self) -> int:
         """Where dispatch stopped last time; also binds the bucket once for every save."""
         self._checkpoints = await self.js.key_value(self.layout.checkpoints_bucket)
-        try:
-            entry = await self._checkpoints.get(CHECKPOINT_KEY)
-        except KeyNotFoundError:
-            self.position = 0
-        else:
-            self.position = int(entry.value or b"0")
+        entry = await get_key(self._checkpoints, CHECKPOINT_KEY)
+        self.position = int(entry.value or b"0") if entry is not None else 0
         return self.position
 
     async def run(self, stop: asyncio.Event) -> None:

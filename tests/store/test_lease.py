@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from nats.aio.client import Client as Nats
-from nats.aio.msg import Msg
 from nats.js.api import DiscardPolicy, StreamConfig
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 from structlog.testing import capture_logs
 
@@ -24,11 +25,10 @@ from controlplane.lease import LEASE_KEY, Lease
 from controlplane.service import serve
 from events.api.resources import _quantity_parser
 from events.connect import connect
-from events.streams import LEASE_TTL, ensure_all
+from events.streams import LEASE_TTL, ensure_all, get_key
 from events.subjects import Layout
+from events.transient import is_transient
 from tests.system.harness import eventually
-
-RACE_ROUNDS = 20
 
 
 @pytest.fixture
@@ -95,39 +95,50 @@ async def test_a_leader_keeps_what_is_its_own(nc: Nats, kv: KeyValue, prefix: st
 
 
 async def test_a_standby_refused_while_the_key_expires_stands_by_and_then_leads(
-        nc: Nats, kv: KeyValue, prefix: str) -> None:
+        nc: Nats, kv: KeyValue, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A standby's create is refused while the leader's key is there, and the key expires
     before nats-py reads it back (to tell a deleted key, which it creates over, from a live
     one): the read finds nothing. That is a lost race, not a failure that stops the standby.
-    The expiry is timed by a subscriber, on the standby's own connection, that sees the
-    refused create and deletes the key at once: its delete goes out ahead of the read-back."""
+    The expiry is put in that gap: the refusal and the deletion are the server's, the client
+    only deletes the key before it returns the refusal."""
     layout = Layout(prefix)
-    standby = Lease(nc, layout, "cp-b")
     stream = f"KV_{layout.leases_bucket}"
-    leader_revision: list[int] = []
-    expired = asyncio.Event()
+    write = kv._update
 
-    async def expire_when_cp_b_publishes(msg: Msg) -> None:
-        if msg.data == b"cp-b" and leader_revision:
-            await nc.jetstream().delete_msg(stream, leader_revision.pop())
-            expired.set()
+    async def expiring_after_a_refused_create(key: str, value: bytes, last: int | None = None,
+                                              **options: Any) -> int:
+        try:
+            return await write(key, value, last=last, **options)
+        except KeyWrongLastSequenceError:
+            if last == 0:
+                leader = await kv.get(key)
+                await nc.jetstream().delete_msg(stream, leader.revision)
+            raise
 
-    sub = await nc.subscribe(f"$KV.{layout.leases_bucket}.{LEASE_KEY}",
-                             cb=expire_when_cp_b_publishes)
-    refused = 0
-    try:
-        for _ in range(RACE_ROUNDS):
-            await nc.jetstream().purge_stream(stream)
-            expired.clear()
-            leader_revision.append(await kv.put(LEASE_KEY, b"cp-a"))
-            if await standby._try(kv):  # the delete came first: nothing to be refused by
-                continue
-            refused += 1
-            await expired.wait()
-            assert await standby._try(kv)  # next period: the expired lease is its
-    finally:
-        await sub.unsubscribe()
-    assert refused > 0
+    monkeypatch.setattr(kv, "_update", expiring_after_a_refused_create)
+    await kv.put(LEASE_KEY, b"cp-a")
+    with pytest.raises(KeyNotFoundError):  # nats-py's own create, in that gap
+        await kv.create(LEASE_KEY, b"cp-b")
+    await kv.put(LEASE_KEY, b"cp-a")
+    standby = Lease(nc, layout, "cp-b")
+    assert not await standby._try(kv)
+    assert await standby._try(kv)  # next period: the expired lease is its
+    assert await holder(kv) == "cp-b"
+
+
+async def test_a_key_read_while_its_bucket_cannot_be_found_is_not_taken_for_absent(
+        nc: Nats, kv: KeyValue, prefix: str) -> None:
+    """nats-py reads "stream not found" (a cluster electing the bucket's leader says it too)
+    as "key not found": `get_key` raises it as the server said it, transient, so a leader
+    does not take its lease for lapsed, nor a dispatcher its checkpoint for none."""
+    assert await get_key(kv, LEASE_KEY) is None
+    await kv.put(LEASE_KEY, b"cp-a")
+    await kv.delete(LEASE_KEY)
+    assert await get_key(kv, LEASE_KEY) is None  # deleted
+    await nc.jetstream().delete_stream(f"KV_{Layout(prefix).leases_bucket}")
+    with pytest.raises(NotFoundError) as raised:
+        await get_key(kv, LEASE_KEY)
+    assert is_transient(raised.value)
 
 
 async def test_a_standby_pays_for_its_first_decision_before_it_leads(
