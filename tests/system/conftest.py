@@ -6,7 +6,13 @@ from pathlib import Path
 import pytest
 
 from controlplane.user.client import Client
-from tests.system.harness import NODE_GRACE_SECONDS, System, eventually, ready_nodes
+from tests.system.harness import (
+    NODE_GRACE_SECONDS,
+    RUNNING,
+    System,
+    eventually,
+    ready_nodes,
+)
 
 
 async def hco_settled(vb: Client) -> bool:
@@ -57,11 +63,15 @@ def _notable(line: str) -> bool:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
         item: pytest.Item) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """A failed system test shows the end of each process's log: CI keeps nothing else."""
+    """A failed system test shows which of its processes had exited, and the end of each
+    process's log: CI keeps nothing else."""
     report = yield
     tmp = getattr(item, "funcargs", {}).get("tmp_path")
     if report.when != "call" or not report.failed or not isinstance(tmp, Path):
         return report
+    exits = [line for running in RUNNING for line in running.exits()]
+    if exits:
+        report.sections.append(("processes exited", "\n".join(exits)))
     for log in sorted(tmp.rglob("*.log")):
         text = log.read_text(errors="replace").splitlines()
         notable = [line for line in text[:-LOG_TAIL_LINES] if _notable(line)]

@@ -51,6 +51,10 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], timeout: float = 
     raise AssertionError(f"timed out waiting for {what}{detail}")
 
 
+RUNNING: list[System] = []
+"""Systems started and not yet stopped, for a failed test's report (`exits`)."""
+
+
 class System:
     def __init__(self, nats_url: str, prefix: str, logs: Path, nodes: int = 2,
                  node_grace: float = NODE_GRACE_SECONDS, **up_options: Any) -> None:
@@ -62,6 +66,8 @@ class System:
         self.args: dict[str, list[str]] = {}
         self.env: dict[str, dict[str, str]] = {"controlplane": {"VIRTBUS_REPLICA": "cp-a"}}
         self.entered: dict[str, list[str]] = {}
+        self.killed: set[str] = set()
+        """Processes the test signalled to end (`kill`), as against those that died."""
         """A command prefix a process runs under (e.g. `nsenter` into a host's namespaces)."""
         self.http_port = free_port()
         # The command lines `virtbus up` runs, with `logs` as its data directory.
@@ -78,6 +84,9 @@ class System:
         self.env[name] = {"VIRTBUS_REPLICA": name}
 
     def start(self, name: str) -> None:
+        if not self.procs:
+            RUNNING.append(self)
+        self.killed.discard(name)
         env = {**os.environ, "VIRTBUS_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1",
                **self.env.get(name, {})}
         with (self.logs / f"{name}.log").open("ab") as out:
@@ -90,6 +99,7 @@ class System:
             self.start(name)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        self.killed.add(name)
         proc = self.procs[name]
         proc.send_signal(sig)
         proc.wait(timeout=20)
@@ -102,7 +112,16 @@ class System:
     def thaw(self, name: str) -> None:
         self.procs[name].send_signal(signal.SIGCONT)
 
+    def exits(self) -> list[str]:
+        """One line per process no longer running: a process that died unbidden leaves a
+        test waiting on something else, and this names it."""
+        return [f"{name}: exited with {proc.returncode}"
+                + (" (killed by the test)" if name in self.killed else " (unexpectedly)")
+                for name, proc in self.procs.items() if proc.poll() is not None]
+
     def stop_all(self) -> None:
+        if self in RUNNING:
+            RUNNING.remove(self)
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)  # a frozen one would not take its SIGTERM
