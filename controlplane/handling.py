@@ -541,13 +541,20 @@ class CommandHandler:
         [seq] = await self.log.publish([alone])
         result = self._recorded(decision, None, [seq], bound)
         marker = self._marker(decision, None, [seq])
-        recorded, announced = await asyncio.gather(
-            self._publish_marker(decision.command, lambda marker_at: [_message(
-                self.log.layout.aggregate_subject(marker.originator_id), marker, marker_at)]),
-            announce(result.outcome), return_exceptions=True)
-        for failed in (recorded, announced):
-            if isinstance(failed, BaseException):
-                raise failed
+        # One task, not a gather's two and its future: ~35 us of a ~0.9 ms command.
+        announcing = asyncio.ensure_future(announce(result.outcome))
+        try:
+            recorded = await self._publish_marker(decision.command, lambda marker_at: [_message(
+                self.log.layout.aggregate_subject(marker.originator_id), marker, marker_at)])
+        except asyncio.CancelledError:
+            announcing.cancel()
+            raise
+        except BaseException:  # the announcement runs its course; the marker's error wins
+            await asyncio.wait([announcing])
+            if not announcing.cancelled():
+                announcing.exception()  # retrieved: it yields to the marker's
+            raise
+        await announcing
         result.announced = True
         if isinstance(recorded, Result) and recorded.outcome != result.outcome:
             bound.error("another outcome was recorded first for a command whose event is "

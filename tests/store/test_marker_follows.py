@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import uuid
 from collections.abc import AsyncIterator
 
@@ -22,6 +23,7 @@ from nats.js.errors import KeyNotFoundError
 from controlplane.service import serve
 from controlplane.user.client import Client
 from controlplane.writer import Writer
+from events.datastore import OutcomeUnknown
 from events.directget import read_all
 from events.messages import Command, Outcome, marker_aggregate, outcome_key
 from events.streams import ensure_all
@@ -162,3 +164,58 @@ async def test_a_writer_that_has_not_folded_the_event_finds_it_after_its_conflic
     assert result.outcome == Outcome(command_id=command.id, accepted=True, sequences=[seq])
     assert await stored(vb, VM) == [(1, command.id)]
     assert (await behind.execute(command)).outcome == result.outcome
+
+
+async def test_the_outcome_is_announced_once_and_awaited_while_the_marker_is_appended(
+        vb: Client) -> None:
+    """Stored alone, a command's outcome is announced once, while its marker is appended,
+    and `execute` returns only once both are done."""
+    command = vb.command("VirtualMachine", "apply", manifest=vm_manifest("web", "Halted"))
+    writer = Writer(vb.nc, vb.layout)
+    writer.handler.memory.complete = True  # the log holds nothing yet: complete
+    told: list[Outcome] = []
+    done = asyncio.Event()
+
+    async def announce(outcome: Outcome) -> None:  # done only once the marker is stored
+        told.append(outcome)
+        for _ in range(400):  # each a Direct Get: a condition wait, not a sleep
+            if await marker(vb, command.id) is not None:
+                done.set()
+                return
+
+    result = await writer.handler.execute(command, announce)
+    assert result.outcome.accepted and told == [result.outcome]
+    assert done.is_set(), "execute returned before the announcement was done"
+    found = await marker(vb, command.id)
+    assert found is not None and found[0] == result.outcome
+
+
+async def test_a_marker_with_no_answer_outranks_an_announcement_that_failed(
+        vb: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The marker's append gets no answer (and nothing is stored) while the announcement
+    fails: `execute` raises the marker's `OutcomeUnknown` (settled by a later delivery),
+    after the announcement ran its course, and the announcement's own error is retrieved,
+    not left for the event loop to report as never retrieved."""
+    command = vb.command("VirtualMachine", "apply", manifest=vm_manifest("web", "Halted"))
+    writer = Writer(vb.nc, vb.layout)
+    writer.handler.memory.complete = True
+    unretrieved: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: unretrieved.append(ctx))
+    finished = asyncio.Event()
+
+    async def no_answer(_messages: object) -> list[int]:
+        raise OutcomeUnknown("no answer to an append (planted)")
+
+    async def announce(_outcome: Outcome) -> None:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        finished.set()
+        raise RuntimeError("the outcomes bucket refused the put (planted)")
+
+    monkeypatch.setattr(writer.handler.commits, "publish", no_answer)
+    with pytest.raises(OutcomeUnknown):
+        await writer.handler.execute(command, announce)
+    assert finished.is_set(), "execute raised before the announcement ran its course"
+    gc.collect()  # a task whose error nobody retrieved reports it when collected
+    assert unretrieved == []
+    assert await marker(vb, command.id) is None
