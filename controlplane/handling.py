@@ -546,13 +546,11 @@ class CommandHandler:
         try:
             recorded = await self._publish_marker(decision.command, lambda marker_at: [_message(
                 self.log.layout.aggregate_subject(marker.originator_id), marker, marker_at)])
-        except asyncio.CancelledError:
-            announcing.cancel()
+        except Exception:  # the marker's error wins, once the announcement has run its course
+            await asyncio.gather(announcing, return_exceptions=True)  # (its error retrieved)
             raise
-        except BaseException:  # the announcement runs its course; the marker's error wins
-            await asyncio.wait([announcing])
-            if not announcing.cancelled():
-                announcing.exception()  # retrieved: it yields to the marker's
+        except BaseException:  # cancelled, or the process ending: so is the announcement
+            announcing.cancel()
             raise
         await announcing
         result.announced = True

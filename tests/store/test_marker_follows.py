@@ -14,12 +14,14 @@ import contextlib
 import gc
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 import pytest
 import structlog
 from nats.js.errors import KeyNotFoundError
 
+from controlplane.handling import Result
 from controlplane.service import serve
 from controlplane.user.client import Client
 from controlplane.writer import Writer
@@ -166,10 +168,10 @@ async def test_a_writer_that_has_not_folded_the_event_finds_it_after_its_conflic
     assert (await behind.execute(command)).outcome == result.outcome
 
 
-async def test_the_outcome_is_announced_once_and_awaited_while_the_marker_is_appended(
+async def test_a_lone_events_outcome_is_announced_once_before_execute_returns(
         vb: Client) -> None:
-    """Stored alone, a command's outcome is announced once, while its marker is appended,
-    and `execute` returns only once both are done."""
+    """Stored alone, a command's outcome is announced once (while its marker is appended),
+    and `execute` returns only once the announcement is done."""
     command = vb.command("VirtualMachine", "apply", manifest=vm_manifest("web", "Halted"))
     writer = Writer(vb.nc, vb.layout)
     writer.handler.memory.complete = True  # the log holds nothing yet: complete
@@ -182,40 +184,63 @@ async def test_the_outcome_is_announced_once_and_awaited_while_the_marker_is_app
             if await marker(vb, command.id) is not None:
                 done.set()
                 return
+        raise AssertionError("the command's marker was never stored")
 
     result = await writer.handler.execute(command, announce)
     assert result.outcome.accepted and told == [result.outcome]
     assert done.is_set(), "execute returned before the announcement was done"
-    found = await marker(vb, command.id)
-    assert found is not None and found[0] == result.outcome
+    [event] = await read_all(vb.nc, vb.layout.events_stream, vb.layout.aggregate_subject(VM))
+    assert (stored_event := read_event(event)) is not None and stored_event.marker_follows, \
+        "the lone-event path"
 
 
 async def test_a_marker_with_no_answer_outranks_an_announcement_that_failed(
         vb: Client, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The marker's append gets no answer (and nothing is stored) while the announcement
-    fails: `execute` raises the marker's `OutcomeUnknown` (settled by a later delivery),
-    after the announcement ran its course, and the announcement's own error is retrieved,
-    not left for the event loop to report as never retrieved."""
+    """The marker's append gets no answer (and nothing is stored) while the announcement is
+    still under way, and then fails: the marker's `OutcomeUnknown` is what comes out (a later
+    delivery settles it), only once the announcement has run its course, and the
+    announcement's own error is retrieved, not left for the event loop to report."""
     command = vb.command("VirtualMachine", "apply", manifest=vm_manifest("web", "Halted"))
     writer = Writer(vb.nc, vb.layout)
-    writer.handler.memory.complete = True
+    handler = writer.handler
+    handler.memory.complete = True
     unretrieved: list[dict[str, object]] = []
     asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: unretrieved.append(ctx))
-    finished = asyncio.Event()
+    marker_failed, finished = asyncio.Event(), asyncio.Event()
+    finished_when_raised: list[bool] = []
 
     async def no_answer(_messages: object) -> list[int]:
         raise OutcomeUnknown("no answer to an append (planted)")
 
+    publish_marker, publish_alone = handler._publish_marker, handler._publish_alone
+
+    async def failing_marker(*args: Any) -> object:
+        try:
+            return await publish_marker(*args)
+        except OutcomeUnknown:
+            marker_failed.set()
+            raise
+
+    async def observed_alone(*args: Any) -> Result:
+        try:
+            return await publish_alone(*args)
+        except OutcomeUnknown:
+            finished_when_raised.append(finished.is_set())
+            raise
+
     async def announce(_outcome: Outcome) -> None:
-        for _ in range(20):
+        await marker_failed.wait()
+        for _ in range(5):
             await asyncio.sleep(0)
         finished.set()
         raise RuntimeError("the outcomes bucket refused the put (planted)")
 
-    monkeypatch.setattr(writer.handler.commits, "publish", no_answer)
+    monkeypatch.setattr(handler.commits, "publish", no_answer)
+    monkeypatch.setattr(handler, "_publish_marker", failing_marker)
+    monkeypatch.setattr(handler, "_publish_alone", observed_alone)
     with pytest.raises(OutcomeUnknown):
-        await writer.handler.execute(command, announce)
-    assert finished.is_set(), "execute raised before the announcement ran its course"
+        await handler.execute(command, announce)
+    assert finished_when_raised == [True], "the marker's error left before the announcement"
     gc.collect()  # a task whose error nobody retrieved reports it when collected
     assert unretrieved == []
     assert await marker(vb, command.id) is None
