@@ -46,7 +46,6 @@ from controlplane.defaults import (
 from controlplane.handling import INTERNAL_VERBS, Verdict
 from controlplane.writer import Writer
 from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped, unless_stopped
-from events.datastore import Outgoing
 from events.ids import name_uuid
 from events.messages import (
     MAX_ID_LENGTH,
@@ -296,9 +295,14 @@ class CommandIntake:
                                     self.policy)
         key = outcome_key(command.actor, command.id)
 
-        async def announce(outcome: Outcome) -> None:  # a KV put, its ack decoded by msgspec
-            await self.writer.handler.log.publish([Outgoing(
-                f"$KV.{self.layout.outcomes_bucket}.{key}", _encode(outcome), {})])
+        async def announce(outcome: Outcome) -> None:
+            """A plain publish on the outcome's key, no ack awaited: the client's
+            subscription gets it as the server routes it, whether or not the bucket stores
+            it, and the marker, stored before the command is acked, is the record a late
+            look-up falls back on. Sent before the ack on this connection, so an ack the
+            server took follows an announcement it took."""
+            await self.nc.publish(f"$KV.{self.layout.outcomes_bucket}.{key}",
+                                  _encode(outcome))
 
         if verdict is not None:
             log.warning("command refused", command_id=command.id, actor=command.actor,

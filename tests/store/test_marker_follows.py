@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 import msgspec
 import pytest
 import structlog
 from nats.js.errors import KeyNotFoundError
 
-from controlplane.handling import Result
 from controlplane.service import serve
 from controlplane.user.client import Client
 from controlplane.writer import Writer
 from events.datastore import OutcomeUnknown
-from events.directget import read_all
+from events.directget import read_all, sequence
 from events.messages import Command, Outcome, marker_aggregate, outcome_key
 from events.streams import ensure_all
 from events.subjects import Layout
@@ -168,79 +165,61 @@ async def test_a_writer_that_has_not_folded_the_event_finds_it_after_its_conflic
     assert (await behind.execute(command)).outcome == result.outcome
 
 
-async def test_a_lone_events_outcome_is_announced_once_before_execute_returns(
+async def test_a_lone_events_outcome_is_announced_once_its_event_is_stored(
         vb: Client) -> None:
-    """Stored alone, a command's outcome is announced once (while its marker is appended),
-    and `execute` returns only once the announcement is done."""
+    """Stored alone, a command's outcome is announced once, when its event is stored (the
+    outcome is final then), and its marker is stored by the time `execute` returns."""
     command = vb.command("VirtualMachine", "apply", manifest=vm_manifest("web", "Halted"))
     writer = Writer(vb.nc, vb.layout)
     writer.handler.memory.complete = True  # the log holds nothing yet: complete
-    told: list[Outcome] = []
-    done = asyncio.Event()
+    told: list[tuple[Outcome, list[tuple[int, str]]]] = []
 
-    async def announce(outcome: Outcome) -> None:  # done only once the marker is stored
-        told.append(outcome)
-        for _ in range(400):  # each a Direct Get: a condition wait, not a sleep
-            if await marker(vb, command.id) is not None:
-                done.set()
-                return
-        raise AssertionError("the command's marker was never stored")
+    async def announce(outcome: Outcome) -> None:  # what the log held when told
+        told.append((outcome, await stored(vb, VM)))
 
     result = await writer.handler.execute(command, announce)
-    assert result.outcome.accepted and told == [result.outcome]
-    assert done.is_set(), "execute returned before the announcement was done"
+    assert result.outcome.accepted
+    assert told == [(result.outcome, [(1, command.id)])], "told once, the event stored"
+    found = await marker(vb, command.id)
+    assert found is not None and found[0] == result.outcome
     [event] = await read_all(vb.nc, vb.layout.events_stream, vb.layout.aggregate_subject(VM))
     assert (stored_event := read_event(event)) is not None and stored_event.marker_follows, \
         "the lone-event path"
 
 
-async def test_a_marker_with_no_answer_outranks_an_announcement_that_failed(
-        vb: Client, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The marker's append gets no answer (and nothing is stored) while the announcement is
-    still under way, and then fails: the marker's `OutcomeUnknown` is what comes out (a later
-    delivery settles it), only once the announcement has run its course, and the
-    announcement's own error is retrieved, not left for the event loop to report."""
+@pytest.mark.parametrize("failing", ["marker", "announcement"])
+async def test_a_command_whose_marker_failed_is_settled_by_its_event_when_worked_again(
+        vb: Client, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
+    """After the event is stored alone, the marker's append gets no answer (nothing
+    stored), or the announcement fails before it: `execute` raises, and the same writer
+    working the command again at once (the intake retries in place), before any control
+    loop has folded the event, appends the marker, accepted with the event's sequence. Its
+    memory holds the VM already: decided again there, the `apply` would be a no-op, a
+    second outcome."""
     command = vb.command("VirtualMachine", "apply", manifest=vm_manifest("web", "Halted"))
-    writer = Writer(vb.nc, vb.layout)
-    handler = writer.handler
+    handler = Writer(vb.nc, vb.layout).handler
     handler.memory.complete = True
-    unretrieved: list[dict[str, object]] = []
-    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: unretrieved.append(ctx))
-    marker_failed, finished = asyncio.Event(), asyncio.Event()
-    finished_when_raised: list[bool] = []
+    told: list[Outcome] = []
+
+    async def announce(outcome: Outcome) -> None:
+        told.append(outcome)
+        if failing == "announcement" and len(told) == 1:
+            raise RuntimeError("the connection closed under the announcement (planted)")
 
     async def no_answer(_messages: object) -> list[int]:
         raise OutcomeUnknown("no answer to an append (planted)")
 
-    publish_marker, publish_alone = handler._publish_marker, handler._publish_alone
-
-    async def failing_marker(*args: Any) -> object:
-        try:
-            return await publish_marker(*args)
-        except OutcomeUnknown:
-            marker_failed.set()
-            raise
-
-    async def observed_alone(*args: Any) -> Result:
-        try:
-            return await publish_alone(*args)
-        except OutcomeUnknown:
-            finished_when_raised.append(finished.is_set())
-            raise
-
-    async def announce(_outcome: Outcome) -> None:
-        await marker_failed.wait()
-        for _ in range(5):
-            await asyncio.sleep(0)
-        finished.set()
-        raise RuntimeError("the outcomes bucket refused the put (planted)")
-
-    monkeypatch.setattr(handler.commits, "publish", no_answer)
-    monkeypatch.setattr(handler, "_publish_marker", failing_marker)
-    monkeypatch.setattr(handler, "_publish_alone", observed_alone)
-    with pytest.raises(OutcomeUnknown):
-        await handler.execute(command, announce)
-    assert finished_when_raised == [True], "the marker's error left before the announcement"
-    gc.collect()  # a task whose error nobody retrieved reports it when collected
-    assert unretrieved == []
+    with monkeypatch.context() as planted:
+        if failing == "marker":
+            planted.setattr(handler.commits, "publish", no_answer)
+        with pytest.raises(OutcomeUnknown if failing == "marker" else RuntimeError):
+            await handler.execute(command, announce)
     assert await marker(vb, command.id) is None
+    result = await handler.execute(command, announce)
+    [event] = await read_all(vb.nc, vb.layout.events_stream, vb.layout.aggregate_subject(VM))
+    first = Outcome(command_id=command.id, accepted=True, sequences=[sequence(event)])
+    assert result.outcome == first
+    assert told == [first, first]
+    found = await marker(vb, command.id)
+    assert found is not None and found[0] == first
+    assert await stored(vb, VM) == [(1, command.id)]
