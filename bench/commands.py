@@ -5,13 +5,16 @@ each) to a real control plane, its own process, and await every outcome.
     python -m bench.commands --clients 1 --commands 500     # latency, one at a time
 
 In the same run, on the same server: the raw layers beneath, awaited `js.publish` on a plain
-stream (one at a time) and a core NATS request/reply round trip. One JSON line:
-`commands`, `clients`, `seconds`, `per_s`, `p50_ms`, `p99_ms`, `raw_publish_per_s`,
-`raw_rtt_ms`, `ratio` (per_s / raw_publish_per_s), `p50_rtts` and `p99_rtts` (latency in
-raw round trips); and, read from `/proc` while the clock runs (`bench.cpu`), the CPU a
-command costs the machine, the control plane, nats-server (when started here) and the
-clients (`cpu_ms_*`), how busy each was (`busy_*`), and `ceiling_per_s` / `ceiling_ratio`:
-the rate at which the machine's cores or the control plane's one would be full.
+stream (one at a time) and a core NATS request/reply round trip, measured just before and
+just after the timed window (the control plane up and idle), their mean the figure: a
+machine whose speed drifts moves both sides of the ratio. One JSON line: `commands`,
+`clients`, `seconds`, `per_s`, `p50_ms`, `p99_ms`, `raw_publish_per_s` (with
+`raw_publish_per_s_before` and `_after`), `raw_rtt_ms`, `ratio` (per_s / raw_publish_per_s),
+`p50_rtts` and `p99_rtts` (latency in raw round trips); and, read from `/proc` while the
+clock runs (`bench.cpu`), the CPU a command costs the machine, the control plane,
+nats-server (when started here) and the clients (`cpu_ms_*`), how busy each was
+(`busy_*`), and `ceiling_per_s` / `ceiling_ratio`: the rate at which the machine's cores or
+the control plane's one would be full.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import nats
 from nats.aio.msg import Msg
@@ -86,11 +90,20 @@ async def raw_layers(url: str, layout: Layout) -> tuple[float, float]:
         await nc.close()
 
 
+class Run(NamedTuple):
+    seconds: float
+    """For all commands."""
+    latencies: list[float]
+    """Each command's submit -> outcome, in seconds."""
+    cpu_before: CpuReading | None
+    cpu_after: CpuReading | None
+    raw_before: tuple[float, float]
+    raw_after: tuple[float, float]
+    """`raw_layers` just before the clock started and just after it stopped."""
+
+
 async def drive(url: str, layout: Layout, clients: int, commands: int,
-                pids: dict[str, int]) -> tuple[float, list[float], CpuReading | None,
-                                               CpuReading | None]:
-    """Seconds for all commands, each command's submit -> outcome latency (s), and the CPU
-    spent by then when the clock started and when it stopped."""
+                pids: dict[str, int]) -> Run:
     connected = [await Client.connect(url, layout.prefix, actor=f"user:bench{i}")
                  for i in range(clients)]
     latencies: list[float] = []
@@ -105,11 +118,14 @@ async def drive(url: str, layout: Layout, clients: int, commands: int,
         await client(connected[0], iter([f"warm-{n}" for n in range(WARM_UP)]))
         latencies.clear()
         names = iter([f"vm-{n}" for n in range(commands)])
+        raw_before = await raw_layers(url, layout)
         cpu_before = read_cpu(pids)
         began = time.perf_counter()
         await asyncio.gather(*[client(vb, names) for vb in connected])
         seconds = time.perf_counter() - began
-        return seconds, latencies, cpu_before, read_cpu(pids)
+        cpu_after = read_cpu(pids)
+        return Run(seconds, latencies, cpu_before, cpu_after, raw_before,
+                   await raw_layers(url, layout))
     finally:
         for vb in connected:
             await vb.close()
@@ -124,24 +140,27 @@ async def measure(url: str, server_pid: int | None, clients: int, commands: int)
     plane = subprocess.Popen([sys.executable, "-m", "controlplane", "run", "--nats-url", url,
                               "--prefix", layout.prefix], cwd=ROOT, env=env)
     try:
-        raw_publish_per_s, raw_rtt_ms = await raw_layers(url, layout)
         pids = {"controlplane": plane.pid, "clients": os.getpid()}
         if server_pid is not None:
             pids["nats_server"] = server_pid
-        seconds, latencies, cpu_before, cpu_after = await drive(url, layout, clients,
-                                                                commands, pids)
+        run = await drive(url, layout, clients, commands, pids)
     finally:
         plane.terminate()
         plane.wait(timeout=30)
-    per_s = commands / seconds
-    p50_ms = percentile(latencies, 50) * 1000
-    p99_ms = percentile(latencies, 99) * 1000
-    return {"commands": commands, "clients": clients, "seconds": round(seconds, 3),
+    per_s = commands / run.seconds
+    p50_ms = percentile(run.latencies, 50) * 1000
+    p99_ms = percentile(run.latencies, 99) * 1000
+    raw_publish_per_s = (run.raw_before[0] + run.raw_after[0]) / 2
+    raw_rtt_ms = (run.raw_before[1] + run.raw_after[1]) / 2
+    return {"commands": commands, "clients": clients, "seconds": round(run.seconds, 3),
             "per_s": round(per_s, 1), "p50_ms": round(p50_ms, 3), "p99_ms": round(p99_ms, 3),
-            "raw_publish_per_s": round(raw_publish_per_s, 1), "raw_rtt_ms": round(raw_rtt_ms, 4),
+            "raw_publish_per_s": round(raw_publish_per_s, 1),
+            "raw_publish_per_s_before": round(run.raw_before[0], 1),
+            "raw_publish_per_s_after": round(run.raw_after[0], 1),
+            "raw_rtt_ms": round(raw_rtt_ms, 4),
             "ratio": round(per_s / raw_publish_per_s, 3),
             "p50_rtts": round(p50_ms / raw_rtt_ms, 1), "p99_rtts": round(p99_ms / raw_rtt_ms, 1),
-            **cpu_figures(cpu_before, cpu_after, commands, seconds,
+            **cpu_figures(run.cpu_before, run.cpu_after, commands, run.seconds,
                           raw_per_s=raw_publish_per_s, single_threaded="controlplane")}
 
 

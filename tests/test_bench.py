@@ -34,9 +34,13 @@ def test_bench_commands_prints_figures() -> None:
     )
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout.strip().splitlines()[-1])
-    for key in ("per_s", "p50_ms", "p99_ms", "raw_publish_per_s", "raw_rtt_ms", "ratio"):
+    for key in ("per_s", "p50_ms", "p99_ms", "raw_publish_per_s", "raw_publish_per_s_before",
+                "raw_publish_per_s_after", "raw_rtt_ms", "ratio"):
         assert isinstance(figures[key], int | float) and figures[key] > 0, (key, figures)
     assert (figures["commands"], figures["clients"]) == (30, 3)
+    # the raw rate is the mean of one measured just before the clock and one just after
+    assert figures["raw_publish_per_s"] == pytest.approx(
+        (figures["raw_publish_per_s_before"] + figures["raw_publish_per_s_after"]) / 2, abs=0.1)
     # CPU while the clock ran, read from /proc (a short run may see no tick of a process)
     for key in ("cpu_ms_machine", "cpu_ms_controlplane", "cpu_ms_clients",
                 "cpu_ms_nats_server", "busy_machine", "busy_controlplane"):

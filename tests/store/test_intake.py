@@ -13,6 +13,7 @@ from functools import partial
 
 import msgspec
 import pytest
+from nats.js.errors import KeyNotFoundError
 
 from controlplane.defaults import INTAKE_CONCURRENCY
 from controlplane.intake import COMMANDS_CONSUMER, CommandIntake, Consumer
@@ -128,6 +129,27 @@ async def test_an_outcome_gone_from_the_bucket_is_read_from_the_log(vb: Client) 
     [command_id] = await _command_ids(vb)
     kv = await vb.js.key_value(vb.layout.outcomes_bucket)
     await kv.purge(outcome_key(vb.actor, command_id))
+    assert await vb.outcome(command_id, timeout=5) == created
+
+
+async def test_an_outcome_the_bucket_cannot_store_still_reaches_its_client(vb: Client) -> None:
+    """The bucket only delivers: with its stream refusing every write (sealed here; a stream
+    whose leader is being elected refuses alike), a command is still decided, its client
+    still gets the outcome on its subscription, the command is acknowledged at its first
+    delivery (nothing dead-lettered), and a later look-up reads the marker."""
+    bucket = await vb.js.stream_info(f"KV_{vb.layout.outcomes_bucket}")
+    bucket.config.sealed = True
+    await vb.js.update_stream(bucket.config)
+    [created] = await vb.apply(vm_manifest("web", "Halted"))
+    [command_id] = await _command_ids(vb)
+    await _eventually_consumed(vb, (await vb.js.stream_info(vb.layout.commands_stream))
+                               .state.last_seq)
+    consumer = await vb.js.consumer_info(vb.layout.commands_stream, COMMANDS_CONSUMER)
+    assert consumer.num_redelivered == 0
+    assert await dead_letters(vb) == []
+    kv = await vb.js.key_value(vb.layout.outcomes_bucket)
+    with pytest.raises(KeyNotFoundError):
+        await kv.get(outcome_key(vb.actor, command_id))
     assert await vb.outcome(command_id, timeout=5) == created
 
 
