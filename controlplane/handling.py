@@ -173,8 +173,9 @@ class Memory:
         self.unmarked: dict[str, tuple[str, int]] = {}
         """Command id -> (aggregate, sequence) of an event stored alone before its
         command's marker (`marker_follows`) whose marker is not in the log as far as this
-        memory knows: a writer stopped between the two. Entries leave when the marker is
-        observed; complete (`complete`) once the whole log is folded."""
+        memory knows: a writer stopped between the two, or this one while it appends the
+        marker (`_publish_alone`). Entries leave when the marker is observed or stored here;
+        complete (`complete`) once the whole log is folded."""
         self.marked: dict[str, None] = {}
         """The command ids of the markers folded last (at most `RECENT_MARKERS`, oldest
         first): a marker stored by another writer after this one looked for it, and folded
