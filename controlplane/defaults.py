@@ -55,6 +55,10 @@ INTAKE_RETRY_SECONDS: Final = 1.0
 """How long a message the log could not take waits before it is delivered again."""
 MAX_DELIVER: Final = 5
 """Deliveries of one command or report before it is dead-lettered."""
+MAX_PUT_ATTEMPTS: Final = 10
+"""Puts of one outcome the bucket refuses before the marker is left its only record."""
+OUTCOME_PUT_TIMEOUT_SECONDS: Final = 5.0
+"""How long an outcome's put waits for the bucket's ack before it is made again."""
 COMMAND_AWAIT_TIMEOUT_SECONDS: Final = 30.0
 TEST_DRIVER_URI: Final = "test:///default"
 """libvirt's simulated host, the agents' default; its agents keep it in

@@ -547,7 +547,7 @@ class CommandHandler:
         self.memory.unmarked[command.id] = (decision.events[0].originator_id, seq)
         result = self._recorded(decision, None, [seq], bound)
         marker = self._marker(decision, None, [seq])
-        await announce(result.outcome)  # final already; the intake's is a plain publish
+        await announce(result.outcome)  # final already; the intake awaits no ack for it
         result.announced = True
         recorded = await self._publish_marker(command, lambda marker_at: [_message(
             self.log.layout.aggregate_subject(marker.originator_id), marker, marker_at)])

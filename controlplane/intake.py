@@ -36,6 +36,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from controlplane.announcer import Announcer
 from controlplane.defaults import (
     INTAKE_CONCURRENCY,
     INTAKE_RETRY_SECONDS,
@@ -69,7 +70,6 @@ _REPORT_IDS = uuid.UUID("5b0e1c77-3f41-5d2e-8a6b-1c9d0e7f2a34")
 
 _decode_command = message_decoder(Command)
 _decode_report = message_decoder(NodeReport)
-_encode = msgspec.msgpack.Encoder().encode
 _encode_json = msgspec.json.Encoder().encode
 
 
@@ -276,6 +276,7 @@ class CommandIntake:
         self.writer = writer
         self.policy = policy or Policy.open()
         self.ready = ready
+        self.announcer = Announcer(nc, layout)
 
     async def run(self, stop: asyncio.Event) -> None:
         if not await _until_ready(self.ready, stop):
@@ -285,9 +286,12 @@ class CommandIntake:
             "binding the outcomes bucket", stop)
         if bucket is None:  # stopped first
             return
-        await Consumer(self.nc, self.layout, stream=self.layout.commands_stream,
-                       subject=self.layout.commands_filter, durable=COMMANDS_CONSUMER,
-                       work=self.handle).run(stop)
+        try:
+            await Consumer(self.nc, self.layout, stream=self.layout.commands_stream,
+                           subject=self.layout.commands_filter, durable=COMMANDS_CONSUMER,
+                           work=self.handle).run(stop)
+        finally:
+            await self.announcer.close()
 
     async def handle(self, msg: Msg) -> None:
         command = decode_command(msg)
@@ -295,14 +299,8 @@ class CommandIntake:
                                     self.policy)
         key = outcome_key(command.actor, command.id)
 
-        async def announce(outcome: Outcome) -> None:
-            """A plain publish on the outcome's key, no ack awaited: the client's
-            subscription gets it as the server routes it, whether or not the bucket stores
-            it, and the marker, stored before the command is acked, is the record a late
-            look-up falls back on. Sent before the ack on this connection, so an ack the
-            server took follows an announcement it took."""
-            await self.nc.publish(f"$KV.{self.layout.outcomes_bucket}.{key}",
-                                  _encode(outcome))
+        async def announce(outcome: Outcome) -> None:  # sent before the command's ack
+            await self.announcer.announce(key, outcome)
 
         if verdict is not None:
             log.warning("command refused", command_id=command.id, actor=command.actor,

@@ -15,9 +15,11 @@ gives them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import secrets
 import weakref
+from collections.abc import Callable
 from typing import Final
 
 import msgspec
@@ -102,6 +104,34 @@ class Requests:
                 and "Nats-Sequence" not in headers:  # not a stored message that holds one
             raise NoRespondersError
         return msg
+
+    async def send(self, subject: str, payload: bytes, *, timeout: float,
+                   answered: Callable[[asyncio.Future[Msg]], object]) -> None:
+        """Publish asking for an answer that nobody awaits: `answered` is called with it, or
+        with the timeout (`NatsTimeoutError`), when it comes. An ack checked off the
+        caller's path: no coroutine waits for it (an awaited put cost ~40 us of CPU here,
+        one sent this way ~25 us, a plain publish ~10 us)."""
+        if not self._inbox:
+            await self._subscribe()
+        loop = asyncio.get_running_loop()
+        token = str(next(self._tokens))
+        answer: asyncio.Future[Msg] = loop.create_future()
+        self._waiting[token] = (answer, loop.time() + timeout, None)
+        settled = functools.partial(self._settled, token, answered)
+        answer.add_done_callback(settled)
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(SWEEP_SECONDS, self._sweep)
+        try:
+            await self._connection().publish(subject, payload, reply=self._inbox + token)
+        except BaseException:  # not sent: the caller hears of it, not `answered`
+            answer.remove_done_callback(settled)
+            self._waiting.pop(token, None)
+            raise
+
+    def _settled(self, token: str, answered: Callable[[asyncio.Future[Msg]], object],
+                 answer: asyncio.Future[Msg]) -> None:
+        self._waiting.pop(token, None)
+        answered(answer)
 
     async def _subscribe(self) -> None:
         """The one wildcard subscription, made by the first request (others wait for it)."""

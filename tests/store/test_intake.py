@@ -7,6 +7,8 @@ stream."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from functools import partial
@@ -26,6 +28,7 @@ from events.datastore import TOPIC_HEADER, VERSION_HEADER
 from events.directget import read_all, sequence
 from events.messages import (
     Command,
+    Outcome,
     marker_aggregate,
     outcome_key,
     recorded_outcome,
@@ -151,6 +154,38 @@ async def test_an_outcome_the_bucket_cannot_store_still_reaches_its_client(vb: C
     with pytest.raises(KeyNotFoundError):
         await kv.get(outcome_key(vb.actor, command_id))
     assert await vb.outcome(command_id, timeout=5) == created
+
+
+@pytest.mark.parametrize("bucket", ["refusing", "gone"])
+async def test_an_outcome_the_bucket_could_not_store_is_put_again_until_it_is(
+        vb: Client, bucket: str) -> None:
+    """The bucket refuses a command's outcome (its messages capped below the outcome's
+    size) or leaves it unanswered (its stream gone, as one whose leader is being elected
+    does): the client still gets its outcome, and the put is made again, a pause apart,
+    until the bucket, set right, stores it, where a person who may not read the log looks
+    a missed outcome up."""
+    await vb.apply(vm_manifest("warm", "Halted"))  # the intake is up, its bucket bound
+    stream = f"KV_{vb.layout.outcomes_bucket}"
+    config = (await vb.js.stream_info(stream)).config
+    if bucket == "refusing":
+        await vb.js.update_stream(dataclasses.replace(config, max_msg_size=8))
+    else:
+        await vb.js.delete_stream(stream)
+    [created] = await vb.apply(vm_manifest("web", "Halted"))
+    if bucket == "refusing":
+        await vb.js.update_stream(config)
+    else:
+        await ensure_all(vb.js, vb.layout)  # the bucket back, empty
+    kv = await vb.js.key_value(vb.layout.outcomes_bucket)
+    key = outcome_key(vb.actor, created.command_id)
+    for _ in range(400):
+        with contextlib.suppress(KeyNotFoundError):
+            entry = await kv.get(key)
+            assert entry.value is not None
+            assert msgspec.msgpack.decode(entry.value, type=Outcome) == created
+            return
+        await asyncio.sleep(0.05)  # poll interval of a condition wait, not synchronisation
+    raise AssertionError("the outcome was never put again")
 
 
 async def _command_ids(vb: Client) -> list[str]:
