@@ -78,5 +78,10 @@ class Writer:
         self._turns = Turns()
 
     async def execute(self, command: Command, announce: Announce = nobody) -> Result:
-        async with self._turns.of(target_key(command)):
+        """Decide and record `command` (`CommandHandler.execute`) in its turns: after every
+        command with its id, then after every command for its object. Commands sharing an
+        id (one sent again, or reused for another object) must not both find no marker and
+        each store an event alone: the later finds the earlier's outcome. Ids first, then
+        objects, always: a task holding an object's turn waits for nothing, so no cycle."""
+        async with self._turns.of(f"id:{command.id}"), self._turns.of(target_key(command)):
             return await self.handler.execute(command, announce)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
 import pytest
@@ -223,3 +223,31 @@ async def test_a_command_whose_marker_failed_is_settled_by_its_event_when_worked
     found = await marker(vb, command.id)
     assert found is not None and found[0] == first
     assert await stored(vb, VM) == [(1, command.id)]
+
+
+async def test_two_commands_with_one_id_for_two_objects_are_decided_once(vb: Client) -> None:
+    """One id reused for another object (a client's bug, or a hostile one), both in flight
+    at once: each would find no marker and store its event alone, one of them then with no
+    outcome that names it. Decided one after the other, the second is answered with the
+    first's outcome: one event, one marker, the same outcome told to both."""
+    writer = Writer(vb.nc, vb.layout)
+    writer.handler.memory.complete = True  # the log holds nothing yet: complete
+    commands = [msgspec.structs.replace(
+        vb.command("VirtualMachine", "apply", manifest=vm_manifest(name, "Halted")),
+        id="one-id") for name in ("web", "db")]
+    told: dict[str, list[Outcome]] = {"web": [], "db": []}
+
+    def teller(name: str) -> Callable[[Outcome], Awaitable[None]]:
+        async def announce(outcome: Outcome) -> None:
+            told[name].append(outcome)
+        return announce
+
+    results = await asyncio.gather(*(writer.execute(command, teller(name))
+                                     for command, name in zip(commands, told, strict=True)))
+    first = results[0].outcome
+    assert first.accepted and results[1].outcome == first
+    assert told == {"web": [first], "db": [first]}
+    assert await stored(vb, VM) == [(1, "one-id")]
+    assert await stored(vb, "vm.default.db") == [], "the second object untouched"
+    found = await marker(vb, "one-id")
+    assert found is not None and found[0] == first
