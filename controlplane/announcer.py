@@ -7,7 +7,10 @@ before the command is acked, is the record. But a person who may not read the lo
 namespace's user) looks a missed outcome up in the bucket only. So the put is not awaited,
 and not forgotten either: one the bucket refuses or leaves unanswered (its stream's leader
 being elected, the stream gone) is put again, a pause apart, until stored or
-`MAX_PUT_ATTEMPTS` is reached, each failure one log line and counted.
+`MAX_PUT_ATTEMPTS` is reached, each failure one log line and counted. A put made again
+stores only into an empty key: what the key holds by then is this outcome (an earlier put
+stored, its answer lost) or a newer one (the marker recorded another outcome first), never
+one to overwrite. Closing waits for every put's answer, so none is dropped unsaid.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
+from nats.js.errors import APIError
 
 from controlplane.defaults import (
     INTAKE_RETRY_SECONDS,
@@ -27,6 +31,7 @@ from controlplane.defaults import (
     OUTCOME_PUT_TIMEOUT_SECONDS,
 )
 from events.aio import pause_unless_stopped
+from events.datastore import EXPECTED_SEQUENCE_HEADER, STALE_SEQUENCE_CODES
 from events.messages import Outcome
 from events.requests import decode_pub_ack, js_publish, requests
 from events.subjects import Layout
@@ -35,6 +40,7 @@ from events.transient import describe
 log = structlog.get_logger(__name__)
 
 _encode = msgspec.msgpack.Encoder().encode
+_ONLY_INTO_AN_EMPTY_KEY = {EXPECTED_SEQUENCE_HEADER: "0"}
 
 
 class Announcer:
@@ -46,22 +52,44 @@ class Announcer:
         self.puts_failed = 0
         """Puts the bucket refused or left unanswered (each log line carries the count)."""
         self._again: set[asyncio.Task[None]] = set()
+        self._unanswered = 0
+        """Puts sent whose answer has not come (each comes, at the latest at its timeout)."""
+        self._all_answered = asyncio.Event()
+        self._all_answered.set()
 
     async def announce(self, key: str, outcome: Outcome) -> None:
         """Publish `outcome` on `key`: sent when this returns, its ack checked later."""
         subject = f"$KV.{self.layout.outcomes_bucket}.{key}"
         data = _encode(outcome)
-        await requests(self.nc).send(subject, data, timeout=OUTCOME_PUT_TIMEOUT_SECONDS,
-                                     answered=functools.partial(self._answered, subject, data))
+        self._unanswered += 1
+        self._all_answered.clear()
+        try:
+            await requests(self.nc).send(
+                subject, data, timeout=OUTCOME_PUT_TIMEOUT_SECONDS,
+                answered=functools.partial(self._answered, subject, data))
+        except BaseException:  # not sent: the caller hears of it, no answer comes
+            self._answer_came()
+            raise
 
     async def close(self) -> None:
-        """Stop putting outcomes again; wait for the puts under way."""
+        """Put nothing again from now on; wait for the answers to the puts sent (each within
+        its timeout) and for the puts made again under way."""
         self.stop.set()
+        await self._all_answered.wait()
         await asyncio.gather(*self._again, return_exceptions=True)
 
+    def _answer_came(self) -> None:
+        self._unanswered -= 1
+        if not self._unanswered:
+            self._all_answered.set()
+
     def _answered(self, subject: str, data: bytes, answer: asyncio.Future[Msg]) -> None:
+        self._answer_came()
         why = _refusal(answer)
         if why is None:
+            return
+        if self.stop.is_set():
+            self._failed(subject, why, 1, final=True)
             return
         self._failed(subject, why, 1)
         task = asyncio.ensure_future(self._put_again(subject, data))
@@ -72,16 +100,20 @@ class Announcer:
         for attempt in range(2, MAX_PUT_ATTEMPTS + 1):
             await pause_unless_stopped(self.stop, INTAKE_RETRY_SECONDS)
             if self.stop.is_set():
+                self._failed(subject, "the control plane is stopping", attempt, final=True)
                 return
             try:
-                await js_publish(self.nc, subject, data, timeout=OUTCOME_PUT_TIMEOUT_SECONDS)
+                await js_publish(self.nc, subject, data, timeout=OUTCOME_PUT_TIMEOUT_SECONDS,
+                                 headers=_ONLY_INTO_AN_EMPTY_KEY)
                 return
-            except (NatsError, TimeoutError) as e:
+            except (NatsError, TimeoutError, msgspec.DecodeError) as e:
+                if isinstance(e, APIError) and e.err_code in STALE_SEQUENCE_CODES:
+                    return  # this outcome, stored unanswered, or a newer one
                 self._failed(subject, describe(e), attempt)
 
-    def _failed(self, subject: str, why: str, attempt: int) -> None:
+    def _failed(self, subject: str, why: str, attempt: int, final: bool = False) -> None:
         self.puts_failed += 1
-        final = attempt >= MAX_PUT_ATTEMPTS
+        final = final or attempt >= MAX_PUT_ATTEMPTS
         (log.error if final else log.warning)(
             "the outcomes bucket did not store an outcome" + (
                 "; its marker is the record" if final else "; putting it again"),
