@@ -70,6 +70,7 @@ def check_envelope(command: Command) -> None:
     """What of a command becomes subjects, headers and markers is bounded, so that no
     command can make the log refuse the record of its own outcome."""
     for field, value, limit in (
+        ("id", command.id, MAX_ID_LENGTH),
         ("kind", command.kind, MAX_TOKEN_LENGTH),
         ("verb", command.verb, MAX_TOKEN_LENGTH),
         ("metadata.namespace", command.namespace, MAX_TOKEN_LENGTH),
@@ -79,7 +80,7 @@ def check_envelope(command: Command) -> None:
     ):
         if len(value) > limit:
             raise InvalidSpec(field, f"must be at most {limit} characters")
-    for field, value in (("kind", command.kind), ("verb", command.verb)):
+    for field, value in (("id", command.id), ("kind", command.kind), ("verb", command.verb)):
         if not value:
             raise InvalidSpec(field, "must not be empty")
 

@@ -24,6 +24,7 @@ import jsonpatch
 import msgspec
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
+from nats.errors import ConnectionClosedError
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
@@ -95,6 +96,13 @@ OUTCOME_RECHECK_SECONDS: Final = 1.0
 """How often the client checks whether its connection was re-established meanwhile: an
 outcome published while it was down never arrives, so every outcome still awaited is read
 from the bucket then."""
+LAST_LOOK_UP_SECONDS: Final = 5.0
+"""How long a look-up of a stored outcome may take past the caller's timeout (once, at the
+deadline), or after a reconnect: a person who may not read the log asks for a marker the
+server never answers (10 s a try), and must still hear of the timeout at once."""
+NOT_AN_ANNOUNCEMENT: Final = ("Nats-Sequence", "Status", "KV-Operation")
+"""Headers of what reaches an outcome's subject without being the control plane's put: a
+stored message sent there as a reply (a Direct Get aimed at it), a status, a delete."""
 
 
 class CommandRejected(Exception):
@@ -102,6 +110,13 @@ class CommandRejected(Exception):
         self.outcome = outcome
         where = f"{outcome.field}: " if outcome.field else ""
         super().__init__(f"{where}{outcome.reason}")
+
+
+def _arrived(arrivals: list[asyncio.Future[Outcome]], outcome: Outcome) -> None:
+    """Hand `outcome` to every caller still awaiting it."""
+    for arrival in arrivals:
+        if not arrival.done():
+            arrival.set_result(outcome)
 
 
 async def _quiet(_error: Exception) -> None:
@@ -133,9 +148,9 @@ class Client:
         self.js = nc.jetstream()
         self._outcomes: KeyValue | None = None
         self._outcome_sub: Any = None
-        self._awaited: dict[str, tuple[str, asyncio.Future[Outcome]]] = {}
-        """Outcomes awaited (command id, arrival), by their bucket subject: one subscription
-        serves them all."""
+        self._awaited: dict[str, tuple[str, list[asyncio.Future[Outcome]]]] = {}
+        """Outcomes awaited (command id, each caller's arrival), by their bucket subject:
+        one subscription serves them all."""
         self._rechecking: asyncio.Future[None] | None = None
 
     @classmethod
@@ -150,8 +165,13 @@ class Client:
         return cls(nc, Layout(prefix), actor or user or default_actor())
 
     async def close(self) -> None:
+        """Close the connection; whoever still awaits an outcome hears so at once."""
         if self._rechecking is not None:
             self._rechecking.cancel()
+        for _command_id, arrivals in self._awaited.values():
+            for arrival in arrivals:
+                if not arrival.done():
+                    arrival.set_exception(ConnectionClosedError())
         await self.nc.close()
 
     async def __aenter__(self) -> Self:
@@ -188,7 +208,7 @@ class Client:
         try:
             return await self._settle(command_id, arrival, timeout, stored_first=True)
         finally:
-            self._awaited.pop(subject, None)
+            self._forget(subject, arrival)
 
     async def run(self, command: Command, *, check: bool = True,
                   timeout: float = COMMAND_AWAIT_TIMEOUT_SECONDS) -> Outcome:
@@ -202,7 +222,7 @@ class Client:
             duplicate = await self.submit(command)
             outcome = await self._settle(command.id, arrival, timeout, stored_first=duplicate)
         finally:
-            self._awaited.pop(subject, None)
+            self._forget(subject, arrival)
         if check and not outcome.accepted:
             raise CommandRejected(outcome)
         return outcome
@@ -219,18 +239,32 @@ class Client:
             self._rechecking = asyncio.ensure_future(self._recheck_after_reconnects())
         arrival: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         subject = f"{bucket}.{outcome_key(self.actor, command_id)}"
-        self._awaited[subject] = (command_id, arrival)
+        self._awaited.setdefault(subject, (command_id, []))[1].append(arrival)
         return subject, arrival
 
+    def _forget(self, subject: str, arrival: asyncio.Future[Outcome]) -> None:
+        """One caller no longer awaits: others awaiting the same command still do."""
+        awaited = self._awaited.get(subject)
+        if awaited is not None:
+            awaited[1].remove(arrival)
+            if not awaited[1]:
+                del self._awaited[subject]
+
     async def _outcome_arrived(self, msg: Msg) -> None:
+        """Only the control plane may publish on these subjects, but a reply may be aimed
+        at one (a Direct Get of one's own outcome, answered there): what is not this
+        command's outcome, as the control plane put it, is ignored."""
         awaited = self._awaited.get(msg.subject)
-        if awaited is None or awaited[1].done():
+        if awaited is None or (msg.headers and any(h in msg.headers
+                                                   for h in NOT_AN_ANNOUNCEMENT)):
             return
         try:
             outcome = _decode_outcome(msg.data)
         except msgspec.DecodeError:  # no outcome: the bucket is read at the deadline
             return
-        awaited[1].set_result(outcome)
+        if outcome.command_id != awaited[0]:
+            return
+        _arrived(awaited[1], outcome)
 
     async def _recheck_after_reconnects(self) -> None:
         """After each reconnect, every outcome still awaited is read from the bucket, once:
@@ -242,29 +276,46 @@ class Client:
             if self.nc.stats["reconnects"] == seen:
                 continue
             seen = self.nc.stats["reconnects"]
-            for command_id, arrival in list(self._awaited.values()):
-                if arrival.done():
+            for command_id, arrivals in list(self._awaited.values()):
+                if all(arrival.done() for arrival in arrivals):
                     continue
-                try:
-                    stored = await self._look_up(command_id)
-                except Exception:  # the awaiting call reads it again at its deadline, and raises
-                    continue
-                if stored is not None and not arrival.done():
-                    arrival.set_result(stored)
+                stored = await self._look_up_within(command_id, LAST_LOOK_UP_SECONDS)
+                if stored is not None:
+                    _arrived(arrivals, stored)
 
     async def _settle(self, command_id: str, arrival: asyncio.Future[Outcome],
                       timeout: float, *, stored_first: bool) -> Outcome:
-        if stored_first and (stored := await self._look_up(command_id)) is not None:
-            return stored
+        """The outcome, within `timeout` (and one bounded look-up past it): as it arrives,
+        or as stored, looked up first when it may be stored already, and at the deadline,
+        when it may have come unannounced."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if stored_first:
+            looking = asyncio.ensure_future(self._look_up(command_id))
+            try:
+                await asyncio.wait((looking, arrival), timeout=timeout,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                looking.cancel()
+            if not arrival.done() and looking.done() and not looking.cancelled() \
+                    and looking.exception() is None and (stored := looking.result()):
+                return stored
         try:
-            return await asyncio.wait_for(arrival, timeout)
+            return await asyncio.wait_for(arrival, max(0.0, deadline - loop.time()))
         except TimeoutError:
-            stored = await self._look_up(command_id)  # it may have come unannounced
+            stored = await self._look_up_within(command_id, LAST_LOOK_UP_SECONDS)
             if stored is not None:
                 return stored
             raise TimeoutError(f"no outcome for command {command_id} after {timeout:g}s;"
                                f" it may still be decided: await it again by its id"
                                ) from None
+
+    async def _look_up_within(self, command_id: str, seconds: float) -> Outcome | None:
+        """A look-up that fails, or takes longer than `seconds`, finds nothing."""
+        try:
+            return await asyncio.wait_for(self._look_up(command_id), seconds)
+        except Exception:  # the caller raises its own clear error, or waits on
+            return None
 
     async def _look_up(self, command_id: str) -> Outcome | None:
         return await retry_within(lambda: self._stored_outcome(command_id),
