@@ -295,9 +295,9 @@ class CommandIntake:
 
     async def handle(self, msg: Msg) -> None:
         command = decode_command(msg)
-        verdict = admission_verdict(command, self.layout.command_actor(msg.subject),
-                                    self.policy)
-        key = outcome_key(command.actor, command.id)
+        sender = self.layout.command_actor(msg.subject)  # whom the server vouches for
+        verdict = admission_verdict(command, sender, self.policy)
+        key = outcome_key(sender, command.id)  # not a forged actor's: nothing lands there
 
         async def announce(outcome: Outcome) -> None:  # sent before the command's ack
             await self.announcer.announce(key, outcome)

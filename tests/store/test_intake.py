@@ -106,6 +106,17 @@ async def test_a_command_claiming_another_actor_is_refused_for_good(
                         headers={"Nats-Msg-Id": forged.id})
     refused = await vb.outcome(forged.id)
     assert (refused.accepted, refused.field) == (False, "actor")
+    # Announced to its sender, mallory, not into alice's outcomes.
+    kv = await vb.js.key_value(vb.layout.outcomes_bucket)
+    for _ in range(400):
+        with contextlib.suppress(KeyNotFoundError):
+            if (await kv.get(outcome_key("user:mallory", forged.id))).value:
+                break
+        await asyncio.sleep(0.05)  # poll interval of a condition wait, not synchronisation
+    else:
+        raise AssertionError("the refusal was not announced to its sender")
+    with pytest.raises(KeyNotFoundError):
+        await kv.get(outcome_key("user:alice", forged.id))
     # Sent again on alice's own subject, the same id is answered, not decided.
     alice = await Client.connect(nats_url, vb.layout.prefix, actor="user:alice")
     try:
