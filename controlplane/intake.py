@@ -71,6 +71,8 @@ _REPORT_IDS = uuid.UUID("5b0e1c77-3f41-5d2e-8a6b-1c9d0e7f2a34")
 _decode_command = message_decoder(Command)
 _decode_report = message_decoder(NodeReport)
 _encode_json = msgspec.json.Encoder().encode
+ACK_PREFIX = "$JS.ACK."
+"""How the reply subject of every JetStream delivery starts."""
 
 
 class DeadLetter(Exception):
@@ -157,22 +159,32 @@ class Consumer:
             await asyncio.gather(*self._running, return_exceptions=True)
 
     async def _arrived(self, msg: Msg) -> None:
-        """A message, or the server's word that a pull ended (expired, or cut short)."""
+        """A delivery (it carries the reply its ack goes to), or the server's word that a
+        pull ended (expired, or cut short: a status, with no reply). A delivery keeps the
+        headers its publisher set, `Status` too: it is worked like any other."""
         self._heard = asyncio.get_running_loop().time()
-        headers = msg.headers or {}
-        if "Status" in headers:
-            pending = headers.get("Nats-Pending-Messages")
-            self._asked = max(0, self._asked - int(pending)) if pending else 0
-            if headers["Status"] in ("503", "409"):  # no responders; a leadership change
-                why = headers.get("Description", "").split("\n")[0]  # nats-py runs on
-                self._unanswered = f"{headers['Status']} {why}".strip()
-            self._wake.set()
+        if not msg.reply.startswith(ACK_PREFIX):
+            if msg.reply or not msg.headers or "Status" not in msg.headers:
+                log.warning("intake's inbox: neither a delivery nor a pull's status; ignored",
+                            stream=self.stream, subject=msg.subject, reply=msg.reply[:200])
+                return
+            self._pull_ended(msg.headers)
         else:
             self._asked = max(0, self._asked - 1)
             task = asyncio.ensure_future(self._one(msg))
             self._running.add(task)
             task.add_done_callback(self._finished)
             self._wake_if_wanted()
+
+    def _pull_ended(self, headers: dict[str, str]) -> None:
+        """What the pull left undelivered is no longer asked for (all of it, if the status
+        does not say)."""
+        pending = headers.get("Nats-Pending-Messages", "")
+        self._asked = max(0, self._asked - int(pending)) if pending.isdigit() else 0
+        if headers["Status"] in ("503", "409"):  # no responders; a leadership change
+            why = headers.get("Description", "").split("\n")[0]  # nats-py runs on
+            self._unanswered = f"{headers['Status']} {why}".strip()
+        self._wake.set()
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
@@ -193,22 +205,23 @@ class Consumer:
     async def _one(self, msg: Msg) -> None:
         """The work's outcome decides the message's fate, never its claim or its ack: work
         done is acknowledged, and an ack NATS cannot take only brings the message back, to be
-        answered from its marker (a claim not renewed does the same, `claimed`)."""
-        try:
-            async with claimed(msg):
+        answered from its marker (a claim not renewed does the same, `claimed`). The claim is
+        kept until that fate is settled, a dead letter's storing included."""
+        async with claimed(msg):
+            try:
                 await self._work_through(msg)
-        except DeadLetter as e:
-            await self._dead_letter(msg, str(e))
-            return
-        except Exception as e:  # the log or the connection failed this time: again later
-            delivered = msg.metadata.num_delivered
-            if delivered >= MAX_DELIVER:
-                await self._dead_letter(msg, f"failed {delivered} times, last: {e!r}")
+            except DeadLetter as e:
+                await self._dead_letter(msg, str(e))
                 return
-            log.warning("intake message failed; it will be delivered again",
-                        subject=msg.subject, delivered=delivered, error=repr(e))
-            await _quietly(msg.nak(delay=INTAKE_RETRY_SECONDS))
-            return
+            except Exception as e:  # the log or the connection failed this time: again later
+                delivered = msg.metadata.num_delivered
+                if delivered >= MAX_DELIVER:
+                    await self._dead_letter(msg, f"failed {delivered} times, last: {e!r}")
+                    return
+                log.warning("intake message failed; it will be delivered again",
+                            subject=msg.subject, delivered=delivered, error=repr(e))
+                await _quietly(msg.nak(delay=INTAKE_RETRY_SECONDS))
+                return
         await _quietly(msg.ack())
 
     async def _work_through(self, msg: Msg) -> None:
@@ -220,16 +233,25 @@ class Consumer:
                                   stream=self.stream, subject=msg.subject)
 
     async def _dead_letter(self, msg: Msg, reason: str) -> None:
-        self.dead_letters += 1
+        """Keep the message in the dead-letter stream, then give it up (terminate it);
+        left in its stream when that cannot be done before the intake stops."""
         meta = msg.metadata
-        log.warning("message dead-lettered", stream=self.stream, subject=msg.subject,
-                    sequence=meta.sequence.stream, reason=reason,
-                    dead_letters_total=self.dead_letters)
         headers = {"Vb-Subject": msg.subject, "Vb-Sequence": str(meta.sequence.stream),
                    "Vb-Reason": reason[:1000],
                    "Nats-Msg-Id": f"dead:{self.stream}:{meta.sequence.stream}"}
-        await _quietly(self.nc.jetstream().publish(
-            self.layout.dead_letter_subject(self.stream), msg.data, headers=headers))
+        try:  # kept before it is given up: a dead letter NATS cannot take now is tried again
+            await retry_while_running(lambda: self.nc.jetstream().publish(
+                self.layout.dead_letter_subject(self.stream), msg.data, headers=headers),
+                "dead-lettering a message", self._stop, stream=self.stream)
+        except (NatsError, TimeoutError) as e:  # stopped, or no dead-letter stream at all
+            log.error("message not dead-lettered; it stays in its stream", stream=self.stream,
+                      subject=msg.subject, sequence=meta.sequence.stream, reason=reason,
+                      error=str(e) or type(e).__name__)
+            return
+        self.dead_letters += 1
+        log.warning("message dead-lettered", stream=self.stream, subject=msg.subject,
+                    sequence=meta.sequence.stream, reason=reason,
+                    dead_letters_total=self.dead_letters)
         await _quietly(msg.term())
 
 

@@ -15,7 +15,7 @@ from functools import partial
 
 import msgspec
 import pytest
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from controlplane.defaults import INTAKE_CONCURRENCY
 from controlplane.intake import COMMANDS_CONSUMER, CommandIntake, Consumer
@@ -94,6 +94,53 @@ async def test_what_cannot_be_decoded_is_dead_lettered_and_the_intake_goes_on(
     # ... and an operator lists them (`virtbus dead-letters`)
     assert [(d["stream"], d["reason"]) for d in await dead_letters(vb)] == [
         (vb.layout.commands_stream, r) for r in reasons]
+
+
+async def test_a_command_carrying_a_pulls_status_headers_is_worked_like_any_other(
+        vb: Client) -> None:
+    """A delivery keeps the headers its publisher set. A command carrying what the server's
+    word that a pull ended carries (`Status`, a pending count) is decided like any other,
+    and the intake goes on taking commands: it was never worked, and it left the intake
+    counting a million messages asked for, none coming."""
+    subject = vb.layout.command_subject(vb.actor, "virtualmachine", "apply")
+    statuses = [{"Status": "408", "Nats-Pending-Messages": "-1000000"},
+                {"Status": "100", "Nats-Pending-Messages": "x"}, {"Status": "409"}]
+    for i, status in enumerate(statuses):
+        command = vb.command("VirtualMachine", "apply", manifest=vm_manifest(f"vm-{i}"))
+        await vb.js.publish(subject, msgspec.msgpack.encode(command),
+                            headers={"Nats-Msg-Id": command.id, **status})
+        assert (await vb.outcome(command.id, timeout=30)).accepted
+    [later] = await vb.apply(vm_manifest("later"))
+    assert later.accepted
+
+
+async def test_a_dead_letter_is_stored_before_its_message_is_given_up(vb: Client) -> None:
+    """The dead-letter stream cannot take a message now (it is not there): the message is
+    not terminated, it is kept claimed and dead-lettered again until the stream is back."""
+    await vb.js.delete_stream(vb.layout.dead_letter_stream)
+    subject = vb.layout.command_subject("user:dana", "virtualmachine", "apply")
+    await vb.js.publish(subject, b"\xc1 not msgpack")
+    await eventually_consumed_and_waiting(vb)
+    await ensure_all(vb.js, vb.layout)  # the dead-letter stream back
+    for _ in range(400):
+        with contextlib.suppress(NotFoundError):
+            dead = await read_all(vb.nc, vb.layout.dead_letter_stream,
+                                  vb.layout.dead_letter_subject(vb.layout.commands_stream))
+            if dead:
+                assert (dead[0].headers or {})["Vb-Reason"].startswith("not a command")
+                return
+        await asyncio.sleep(0.05)  # poll interval of a condition wait, not synchronisation
+    raise AssertionError("the message was never dead-lettered")
+
+
+async def eventually_consumed_and_waiting(vb: Client) -> None:
+    """Until the intake holds the one message, unacknowledged (being dead-lettered)."""
+    for _ in range(400):
+        info = await vb.js.consumer_info(vb.layout.commands_stream, COMMANDS_CONSUMER)
+        if info.delivered.stream_seq >= 1 and info.num_ack_pending >= 1:
+            return
+        await asyncio.sleep(0.05)  # poll interval of a condition wait, not synchronisation
+    raise AssertionError("the intake never took the message")
 
 
 async def test_a_command_claiming_another_actor_is_refused_for_good(
