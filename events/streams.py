@@ -164,9 +164,12 @@ def work_consumer_config(layout: Layout, node: str) -> ConsumerConfig:
     pulls, since a create request's body, which no permission sees, could make it a push
     consumer publishing the node's work wherever its creator said."""
     name = work_consumer(node)
+    # One item out at a time: the agent works them one by one, and one it left unfinished
+    # (it died, NATS failed it) must come again before any later one (a pause, then its
+    # unpause, would otherwise end paused).
     return ConsumerConfig(name=name, durable_name=name, filter_subject=layout.node_filter(node),
                           ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_SECONDS,
-                          max_deliver=WORK_MAX_DELIVER)
+                          max_deliver=WORK_MAX_DELIVER, max_ack_pending=1)
 
 
 async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:

@@ -31,8 +31,8 @@ from tests.system.harness import eventually
 
 WINDOW = 0.1
 _decode_node_command = msgspec.msgpack.Decoder(NodeCommand).decode
-SET_BY_THE_SERVER = ("deliver_policy", "max_waiting", "replay_policy", "max_ack_pending",
-                     "num_replicas", "inactive_threshold", "mem_storage", "metadata")
+SET_BY_THE_SERVER = ("deliver_policy", "max_waiting", "replay_policy", "num_replicas",
+                     "inactive_threshold", "mem_storage", "metadata")
 
 
 @pytest.fixture
@@ -294,6 +294,25 @@ async def test_the_control_plane_makes_each_nodes_work_consumer_and_makes_it_aga
     finally:
         stop.set()
         await running
+
+
+async def test_node_work_left_unfinished_comes_again_before_any_later_item(
+        nc: Nats, prefix: str) -> None:
+    """An agent takes a node's first item and dies before acknowledging it; the agent
+    started again is given that item again (after the ack wait), not the next one first."""
+    layout = Layout(prefix)
+    js = nc.jetstream()
+    await ensure_all(js, layout)
+    await WorkConsumers(nc, layout).ensure("n1")
+    for verb in ("pause", "unpause"):
+        await js.publish(layout.node_subject("n1", verb), verb.encode())
+    died = await js.pull_subscribe_bind(durable=work_consumer("n1"), stream=layout.node_stream)
+    [first] = await died.fetch(1, timeout=10)
+    assert first.data == b"pause"
+    await died.unsubscribe()  # never acknowledged
+    again = await js.pull_subscribe_bind(durable=work_consumer("n1"), stream=layout.node_stream)
+    [taken] = await again.fetch(1, timeout=30)
+    assert (taken.data, taken.metadata.num_delivered) == (b"pause", 2)
 
 
 async def test_a_push_consumer_in_a_nodes_place_is_made_afresh(nc: Nats, prefix: str) -> None:
