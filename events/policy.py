@@ -24,8 +24,10 @@ from typing import Final, Literal
 import msgspec
 import yaml
 
+from events.api.hco_defaults import KIND as HCO_API_KIND
 from events.api.instancetype import CLUSTER_KINDS
 from events.errors import InvalidSpec
+from events.hco import OPERAND_TOKENS
 
 RBAC_API_VERSION: Final = "rbac.authorization.k8s.io/v1"
 WILDCARD: Final = "*"
@@ -220,6 +222,11 @@ _OBJECT_VERBS: Final = {"apply": "patch", "create": "create", "delete": "delete"
 roles grant no `/scale` subresource: a replica set's editors scale it)."""
 
 
+CLUSTER_SCOPED: Final = frozenset({"Node", HCO_API_KIND, *OPERAND_TOKENS, *CLUSTER_KINDS})
+"""Kinds whose objects are the cluster's, one of each name (their namespace is not part of
+their id): only a cluster-wide grant covers them, whatever namespace a request names."""
+
+
 def resource_of(kind: str) -> tuple[str, str]:
     """(API group, resource) of a kind; one of no known API is its lowercase name in
     `virtbus.io`, which only a wildcard rule grants."""
@@ -230,9 +237,12 @@ def command_request(kind: str, verb: str, namespace: str, manifest: object = Non
                     ) -> Request:
     """The Kubernetes request a command stands for. The object an `apply` carries is decided
     in its own namespace (`metadata.namespace`, else `default`, as admission defaults it),
-    whatever the envelope says: that is where the handler puts it."""
-    if kind in CLUSTER_KINDS:
-        namespace = ""  # whatever the manifest says: only a cluster-wide grant covers it
+    whatever the envelope says: that is where the handler puts it. A cluster-scoped kind's
+    (a node, the HyperConverged and its operands, cluster instancetypes) is decided at the
+    cluster scope, whatever the envelope or the manifest says: its handler acts on the one
+    cluster object, so a grant in one namespace must not reach it."""
+    if kind in CLUSTER_SCOPED:
+        namespace = ""
     elif verb == "apply" and isinstance(manifest, dict):
         meta = manifest.get("metadata")
         inner = meta.get("namespace") if isinstance(meta, dict) else None

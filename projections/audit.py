@@ -21,13 +21,14 @@ from nats.aio.msg import Msg
 from events.codec import Event
 from events.directget import pages, read_all, sequence
 from events.nodes import NODE_KIND
+from events.policy import CLUSTER_SCOPED
 from events.query import WATCH_PAGE, Change, HistoryEntry, Query, WatchQuery
 from events.subjects import Layout, aggregate_id, split_aggregate_id
 from events.vm import VM_KIND, VMI_KIND
 from projections.bulk import uncollected
 from projections.cluster import ClusterState
 from projections.follower import head, read_event, start_sequence_at
-from projections.query import CLUSTER_SCOPED, KIND_TOKENS, TOKEN_KINDS
+from projections.query import KIND_TOKENS, TOKEN_KINDS
 from projections.rendering import render_view
 from projections.snapshots import Snapshots, restore
 from projections.views import View

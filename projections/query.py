@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Final
 
 from events.api.hco_defaults import KIND as HCO_API_KIND
-from events.api.instancetype import CLUSTER_KINDS
 from events.api.replicaset import PRESET, REPLICA_SET
 from events.errors import InvalidSpec
 from events.hco import HCO_KIND, OPERAND_TOKENS
@@ -66,5 +65,3 @@ KIND_TOKENS: Final = {
     PRESET: PRESET_KIND, REPLICA_SET: REPLICA_SET_KIND}
 """Each kind's token in aggregate ids and subjects."""
 TOKEN_KINDS: Final = {token: kind for kind, token in KIND_TOKENS.items()}
-CLUSTER_SCOPED: Final = frozenset({"Node", HCO_API_KIND, *OPERAND_TOKENS, *CLUSTER_KINDS})
-"""Kinds whose aggregates are cluster-scoped: their namespace is not part of the id."""

@@ -22,7 +22,7 @@ from events.codec import Event
 from events.collector import tune_for_service
 from events.connect import Access, connect_unless_stopped, shown
 from events.messages import NODE_ACTOR_PREFIX
-from events.policy import Policy, Request, resource_of
+from events.policy import CLUSTER_SCOPED, Policy, Request, resource_of
 from events.query import (
     FORBIDDEN,
     NOT_FOUND,
@@ -48,7 +48,7 @@ from projections.follower import follow, head, start_sequence_at
 from projections.hco import ALERTS_QUERY, METRICS_QUERY
 from projections.http import ANONYMOUS, StaticTokens
 from projections.paging import PAGE_SHARE, Listed, ListPages, parse_continue
-from projections.query import CLUSTER_SCOPED, KIND_TOKENS
+from projections.query import KIND_TOKENS
 from projections.ratelimit import AskerLimits, AuditLimit
 from projections.rendering import render
 from projections.snapshots import Snapshots, keep_writing, restore

@@ -40,11 +40,11 @@ from events.directget import read_all, sequence
 from events.errors import Forbidden, InvalidSpec, NotFound
 from events.logs import configure
 from events.messages import SimReply, SimRequest
-from events.policy import resource_of
+from events.policy import CLUSTER_SCOPED, resource_of
 from events.subjects import DEFAULT_PREFIX, decode_token
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY
 from projections.instancetype import INSTANCETYPE_KINDS
-from projections.query import CLUSTER_SCOPED, resolve_kind
+from projections.query import resolve_kind
 
 Handler = Callable[[argparse.Namespace, Client], Coroutine[Any, Any, int]]
 

@@ -24,7 +24,7 @@ from controlplane.writer import Writer
 from events.directget import read_all
 from events.messages import Command, DomainObservation, NodeReport
 from events.nodes import NODE_KIND
-from events.policy import Policy, load_policy
+from events.policy import Policy, load_policy, parse_policy
 from events.streams import ensure_all
 from events.subjects import Layout, aggregate_id
 from tests.store.helpers import node_info
@@ -226,3 +226,51 @@ async def test_a_node_report_without_its_fields_is_refused_and_changes_nothing(
     assert not result.outcome.accepted
     assert "nodeName" in f"{result.outcome.field} {result.outcome.reason}", result.outcome
     assert result.events == []
+
+
+NAMESPACE_ADMIN = """
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: everything, namespace: tenant-c}
+rules: [{apiGroups: ["*"], resources: ["*"], verbs: ["*"]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: carol-everything, namespace: tenant-c}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: everything}
+subjects: [{kind: User, name: carol}]
+"""
+
+
+@pytest.mark.parametrize(("kind", "verb", "manifest"), [
+    ("Node", "cordon", {}),
+    ("Node", "drain", {}),
+    ("Node", "taint", {"taints": [{"key": "k", "effect": "NoExecute"}]}),
+    ("HyperConverged", "apply", {"apiVersion": "hco.kubevirt.io/v1beta1",
+                                 "kind": "HyperConverged",
+                                 "metadata": {"name": "kubevirt-hyperconverged",
+                                              "namespace": "tenant-c"}, "spec": {}}),
+    ("HyperConverged", "delete", {}),
+])
+async def test_a_grant_in_one_namespace_does_not_reach_the_clusters_objects(
+        nats_url: str, prefix: str, kind: str, verb: str, manifest: object) -> None:
+    """carol may do everything in tenant-c (a namespace admin's Role). A node, the
+    HyperConverged and its operands are the cluster's, one of each: as in Kubernetes, no
+    Role reaches them, whatever namespace her command names. (Decided in tenant-c, she
+    cordoned, tainted and drained nodes, and with the HyperConverged's `RemoveWorkloads`
+    could delete every VM of every namespace.)"""
+    policy = parse_policy(NAMESPACE_ADMIN, "carol's policy")
+    async for installation in _installation(nats_url, prefix, policy):
+        carol = await installation.client("carol")
+        try:
+            name = "kubevirt-hyperconverged" if kind == "HyperConverged" else "n1"
+            outcome = await carol.run(carol.command(kind, verb, "tenant-c", name,
+                                                    manifest=manifest), check=False)
+            assert not outcome.accepted
+            assert outcome.reason.startswith("forbidden: User 'carol'")
+            assert outcome.reason.endswith("at the cluster scope"), outcome.reason
+            [own] = await carol.apply({**vm_manifest("web", "Halted"),
+                                       "metadata": {"name": "web", "namespace": "tenant-c"}})
+            assert own.accepted, "her own namespace is hers"
+        finally:
+            await carol.close()
