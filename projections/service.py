@@ -22,7 +22,7 @@ from events.codec import Event
 from events.collector import tune_for_service
 from events.connect import Access, connect_unless_stopped, shown
 from events.messages import NODE_ACTOR_PREFIX
-from events.policy import CLUSTER_SCOPED, Policy, Request, resource_of
+from events.policy import CLUSTER_SCOPED, PathRequest, Policy, Request, resource_of
 from events.query import (
     FORBIDDEN,
     NOT_FOUND,
@@ -46,7 +46,7 @@ from projections.cluster import ClusterState
 from projections.console import ConsoleRefused, console_page
 from projections.follower import follow, head, start_sequence_at
 from projections.hco import ALERTS_QUERY, METRICS_QUERY
-from projections.http import ANONYMOUS, StaticTokens
+from projections.http import ANONYMOUS, METRICS_PATH, StaticTokens
 from projections.paging import PAGE_SHARE, Listed, ListPages, parse_continue
 from projections.query import KIND_TOKENS
 from projections.ratelimit import AskerLimits, AuditLimit
@@ -120,8 +120,8 @@ def visible(policy: Policy, asker: str, query: Query,
             items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """What of `items` `asker` may see: a node agent its own node's VMIs only (secrets
     redacted) and the KubeVirt configuration; anyone else what its `PolicySight` of a `get`
-    (one object) or `list` shows. Metrics and alerts are counts over the cluster, served to
-    all as Prometheus scrapes them."""
+    (one object) or `list` shows. Metrics (to whoever may get `/metrics`: `_get`) and alerts
+    are over the whole cluster, as Prometheus scrapes them."""
     if query.kind in (METRICS_QUERY, ALERTS_QUERY):
         return items
     if asker.startswith(NODE_ACTOR_PREFIX):
@@ -295,6 +295,10 @@ class ReadService:
         """Now (once the state holds `after`), or `at` a point, rebuilt from the log; a page
         at a time, each cut from the first page's list (`projections.paging`). A rebuild
         (`at`, or a further page no longer kept) is an audit read."""
+        if query.kind == METRICS_QUERY and not self.policy.allows(
+                asker, access := PathRequest("get", METRICS_PATH)):  # as over HTTP: its
+            # series name every namespace's VMs
+            raise Refused(FORBIDDEN_REASON, f"forbidden: User {asker!r} {access}")
         try:
             continued = parse_continue(query.continue_)
         except ValueError as e:

@@ -126,6 +126,18 @@ async def test_a_node_agent_sees_its_own_vmis_only(reads: Reads) -> None:
         "operator", "KubeVirt")
 
 
+async def test_metrics_only_to_who_may_get_the_metrics_path(reads: Reads) -> None:
+    """The metrics' series name every namespace's VMs: over NATS, as over HTTP, only who may
+    get `/metrics` (the operator here) has them; alice and a node agent are forbidden."""
+    [metrics] = await reads.items("operator", "Metrics")
+    assert 'namespace="tenant-b"' in str(metrics["text"])
+    for asker in ("alice", "system:node:n1"):
+        refused = await reads.answer(asker, "Metrics")
+        assert (refused.reason, refused.items) == (FORBIDDEN, []), asker
+        assert refused.error == (f"forbidden: User {asker!r} cannot get path "
+                                 '"/metrics"'), refused.error
+
+
 async def test_cloud_init_secrets_only_to_who_may_change_the_object(reads: Reads) -> None:
     def user_data(items: list[dict[str, Any]]) -> str:
         [vm] = items
