@@ -241,9 +241,9 @@ def person(layout: Layout, user: str, *, reads_all_events: bool, operates: bool)
     answers cross back to the asker's account; people get Direct Get only."""
     api, p, token = _Api(layout), layout.prefix, encode_token(user)
     outcomes = layout.outcomes_bucket
+    # No STREAM.INFO: its body (`subjects_filter`), which no permission sees, would list
+    # every subject of the stream: every object's name, every user's outcome keys.
     publish = [f"{p}.cmd.{token}.>", f"{layout.query_root}.{token}.>", *_COMMON,
-               *api.stream_info(layout.events_stream, layout.commands_stream,
-                                api.kv(outcomes)),
                *api.kv_reads(outcomes, f"{token}.>")]
     if reads_all_events:
         publish += api.reads(layout.events_stream)

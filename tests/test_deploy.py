@@ -20,6 +20,7 @@ from nats.js.api import ConsumerConfig
 from nats.js.kv import KeyValue
 
 from controlplane.controllers.dispatcher import WorkConsumers
+from controlplane.user.client import outcomes_bucket
 from events import authorization
 from events.authorization import ADMIN_USER, CONTROLPLANE_USER
 from events.connect import inbox_prefix
@@ -195,8 +196,12 @@ async def test_a_person_commands_and_reads_under_its_own_name(store: Store) -> N
         decided = partial(_arrives, arrival, outcomes, f"{person}.c1")
         assert await eventually(decided, timeout=10, what="the outcome's arrival") \
             == b"accepted"
-        mine = await js.key_value(layout.outcomes_bucket)
+        mine = outcomes_bucket(js, layout)
         assert (await mine.get(f"{person}.c1")).value == b"accepted"
+        # No stream's info: its body's `subjects_filter` would list every key and object.
+        info = f"$JS.API.STREAM.INFO.KV_{layout.outcomes_bucket}"
+        await _refused(refusals, info, partial(nc.request, info, b'{"subjects_filter": ">"}',
+                                               timeout=SHORT))
         answer = await ask(nc, layout, Query(kind="VirtualMachine"), person)
         assert answer.error == ""
 
@@ -323,7 +328,6 @@ async def test_no_answer_aimed_at_a_stream_lands_in_it(store: Store) -> None:
     query = msgspec.msgpack.encode(Query(kind="VirtualMachine"))
     asks = {
         "operator": [(query_subject(layout, "operator"), query),
-                     (f"$JS.API.STREAM.INFO.{layout.events_stream}", b""),
                      (f"$JS.API.DIRECT.GET.{layout.events_stream}", b'{"seq": 1}')],
         "node-n1": [(query_subject(layout, node_actor("n1")), query),
                     (f"$JS.API.STREAM.INFO.{layout.events_stream}", b""),
@@ -336,7 +340,7 @@ async def test_no_answer_aimed_at_a_stream_lands_in_it(store: Store) -> None:
             for target in targets:
                 await nc.publish(subject, body, reply=target)
         # One connection, in order: the last answer came back after every one aimed above.
-        await nc.request(f"$JS.API.STREAM.INFO.{layout.events_stream}", b"", timeout=5)
+        await nc.request(*requests[-1], timeout=5)
         # The read service takes its queries in the order sent: once it has answered this
         # one, it has taken every one above.
         await nc.request(*requests[0], timeout=5)

@@ -25,6 +25,7 @@ import msgspec
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError
+from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
@@ -110,6 +111,16 @@ class CommandRejected(Exception):
         self.outcome = outcome
         where = f"{outcome.field}: " if outcome.field else ""
         super().__init__(f"{where}{outcome.reason}")
+
+
+def outcomes_bucket(js: JetStreamContext, layout: Layout) -> KeyValue:
+    """The outcomes bucket, read by Direct Get of one's own keys, bound as nats-py's
+    `key_value` would bind it but without asking for the stream's info: a person may not,
+    since a STREAM.INFO request's body (`subjects_filter`), which no permission sees, lists
+    every key, every other user's command ids among them."""
+    bucket = layout.outcomes_bucket
+    return KeyValue(name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.", js=js,
+                    direct=True)
 
 
 def _arrived(arrivals: list[asyncio.Future[Outcome]], outcome: Outcome) -> None:
@@ -325,8 +336,8 @@ class Client:
     async def _stored_outcome(self, command_id: str) -> Outcome | None:
         """From the outcomes bucket, or, once its entry has expired, from the command's
         marker in the log (the record the bucket only delivers)."""
-        if self._outcomes is None:  # bound once, not a STREAM.INFO round trip per look
-            self._outcomes = await self.js.key_value(self.layout.outcomes_bucket)
+        if self._outcomes is None:  # bound without a STREAM.INFO (`outcomes_bucket`)
+            self._outcomes = outcomes_bucket(self.js, self.layout)
         try:
             entry = await self._outcomes.get(outcome_key(self.actor, command_id))
         except KeyNotFoundError:
