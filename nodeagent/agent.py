@@ -129,7 +129,7 @@ from nodeagent.network.node import NodeNetwork, host_interfaces, parse_subnet
 from nodeagent.network.tools import NetworkError
 from nodeagent.phases import GuestPhase, Observation, StopCause, judge
 from nodeagent.simhost import TEST_DEFAULT_URI, for_agent
-from nodeagent.virterror import quiet_libvirt_errors
+from nodeagent.virterror import is_no_domain, quiet_libvirt_errors
 from nodeagent.vmiref import VMIRef as VMIRef  # noqa: PLC0414 (re-exported)
 from nodeagent.watcher import LifecycleWatcher, start_event_loop, to_asyncio
 from nodeagent.worklog import open_worklog
@@ -445,12 +445,26 @@ class NodeAgent:
             raise ReadServiceUnavailable(answer.error)
         return answer
 
+    def _holder(self, ref: VMIRef) -> VMIRef | None:
+        """Whose the domain of `ref`'s name is, by the metadata the converter wrote: None
+        when there is no such domain; a holder of no uid when it is no VMI's of this
+        installation (another installation's on a shared host, or no VMI's at all)."""
+        try:
+            dom = self.conn.lookupByName(ref.domain)
+        except libvirt.libvirtError as e:
+            if is_no_domain(e):
+                return None
+            raise
+        return vmi_of(dom, self.cfg.prefix) or VMIRef(ref.namespace, ref.name, "")
+
     async def _remove(self, ref: VMIRef, grace_seconds: int = 0) -> lifecycle.StopOutcome:
         """Stop (if it still runs; at once unless given a grace period) and undefine a domain,
         and forget it. A domain of the name that another instance (uid) of the VMI holds is
         not this one's: left alone, as this one is gone (a stop of a VMI failed on a lost
         node may come after its replacement was launched here)."""
         held = self.domains.get(ref.domain)
+        if held is None:  # not known here: whose it is, its metadata says
+            held = await asyncio.to_thread(self._holder, ref)
         if held is not None and held.uid != ref.uid:
             self.log.info("not stopped: the domain is another instance's", vmi=ref.name,
                           namespace=ref.namespace, uid=ref.uid, holder=held.uid)

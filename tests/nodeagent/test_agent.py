@@ -111,7 +111,8 @@ async def test_restart_neither_loses_nor_duplicates_guests(
 async def test_another_installations_guest_on_the_host_is_left_alone(
         cluster: Cluster, nats_url: str, conn: libvirt.virConnect) -> None:
     """Two installations (prefixes) sharing a host: neither adopts nor removes the other's
-    guests, which its cluster never placed there."""
+    guests, which its cluster never placed there, nor stops one that has a name of its own
+    VMIs' (a stop for a VMI it never ran here destroyed and undefined the other's guest)."""
     ref = VMIRef(cluster.namespace, "theirs", str(uuid.uuid4()))
     vmi = cluster.launch(ref).vmi
     assert vmi is not None
@@ -122,6 +123,10 @@ async def test_another_installations_guest_on_the_host_is_left_alone(
     try:
         assert ref.domain not in running.agent.domains
         assert conn.lookupByName(ref.domain).isActive(), "another installation's guest removed"
+        stop = NodeCommand(event_id=str(uuid.uuid4()), verb="stop", namespace=ref.namespace,
+                           name=ref.name, uid=ref.uid)
+        await running.agent.execute(stop, ref)
+        assert conn.lookupByName(ref.domain).isActive(), "another installation's guest stopped"
     finally:
         await running.close()
         dom.destroy()
