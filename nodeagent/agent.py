@@ -79,6 +79,9 @@ from events.connect import Access, connect
 from events.errors import InvalidSpec, VirtbusError
 from events.ids import random_uuid
 from events.messages import (
+    MAX_ID_LENGTH,
+    MAX_NAME_LENGTH,
+    MAX_TOKEN_LENGTH,
     DomainObservation,
     DomainSummary,
     InterfacesObservation,
@@ -710,6 +713,12 @@ class NodeAgent:
             return f"a {command.verb!r} command on another verb's subject"
         if not command.event_id or not command.uid:
             return "no event id or no VMI uid: it could be neither recorded nor checked"
+        for field, value, limit in (
+                ("eventId", command.event_id, MAX_ID_LENGTH), ("uid", command.uid, MAX_ID_LENGTH),
+                ("namespace", command.namespace, MAX_TOKEN_LENGTH),
+                ("name", command.name, MAX_NAME_LENGTH)):
+            if len(value) > limit:  # each becomes a subject, whose line the server limits
+                return f"{field}: must be at most {limit} characters"
         if command.vmi is not None:
             meta = command.vmi.get("metadata")
             names = [meta.get(k) for k in ("namespace", "name", "uid")] \

@@ -190,6 +190,9 @@ async def test_bad_work_is_rejected_and_the_agent_goes_on(
         (launch_subject, msgspec.msgpack.encode(msgspec.structs.replace(good, event_id=""))),
         (launch_subject, msgspec.msgpack.encode(msgspec.structs.replace(
             good, event_id=str(uuid.uuid4()), uid=str(uuid.uuid4())))),
+        # An id past what a subject may hold closed the agent's connection for good.
+        (launch_subject, msgspec.msgpack.encode(msgspec.structs.replace(
+            good, event_id="e" * 5000))),
     ]
     js = cluster.nc.jetstream()
     with capture_logs() as logs:
