@@ -60,7 +60,7 @@ import socket
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import libvirt
 import msgspec
@@ -215,6 +215,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     def access(self) -> Access:
         return Access(self.nats_url, credentials=self.nats_credentials, ca=self.nats_ca,
                       cert=self.nats_cert, key=self.nats_key)
+
+
+INSTANCE_VERBS: Final = frozenset({"pause", "unpause", "restart"})
+"""Verbs on a running guest: done only to the instance (uid) the work names, as a stop."""
 
 
 def vmi_of(dom: libvirt.virDomain, installation: str) -> VMIRef | None:
@@ -448,6 +452,18 @@ class NodeAgent:
             raise ReadServiceUnavailable(answer.error)
         return answer
 
+    async def _another_instances(self, ref: VMIRef, what: str) -> bool:
+        """Whether the domain of `ref`'s name is another instance's (another uid, another
+        installation's, no VMI's): then it is left alone, and that is logged."""
+        held = self.domains.get(ref.domain)
+        if held is None:  # not known here: whose it is, its metadata says
+            held = await asyncio.to_thread(self._holder, ref)
+        if held is None or held.uid == ref.uid:
+            return False
+        self.log.info(f"not {what}: the domain is another instance's", vmi=ref.name,
+                      namespace=ref.namespace, uid=ref.uid, holder=held.uid)
+        return True
+
     def _holder(self, ref: VMIRef) -> VMIRef | None:
         """Whose the domain of `ref`'s name is, by the metadata the converter wrote: None
         when there is no such domain; a holder of no uid when it is no VMI's of this
@@ -465,12 +481,7 @@ class NodeAgent:
         and forget it. A domain of the name that another instance (uid) of the VMI holds is
         not this one's: left alone, as this one is gone (a stop of a VMI failed on a lost
         node may come after its replacement was launched here)."""
-        held = self.domains.get(ref.domain)
-        if held is None:  # not known here: whose it is, its metadata says
-            held = await asyncio.to_thread(self._holder, ref)
-        if held is not None and held.uid != ref.uid:
-            self.log.info("not stopped: the domain is another instance's", vmi=ref.name,
-                          namespace=ref.namespace, uid=ref.uid, holder=held.uid)
+        if await self._another_instances(ref, "stopped"):
             return lifecycle.StopOutcome.ALREADY_GONE
         outcome = await asyncio.to_thread(lifecycle.graceful_stop, self.conn, ref.domain,
                                           grace_seconds, self.watcher)
@@ -759,6 +770,8 @@ class NodeAgent:
         await msg.ack()
 
     async def execute(self, command: NodeCommand, ref: VMIRef) -> None:
+        if command.verb in INSTANCE_VERBS and await self._another_instances(ref, "done"):
+            return
         match command.verb:
             case "launch":
                 await self._launch(command.vmi, ref)

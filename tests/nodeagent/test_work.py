@@ -59,7 +59,7 @@ async def worked_through(cluster: Cluster, running: Running, seq: int) -> None:
     raise AssertionError(f"work up to {seq} not done in {WAIT_SECONDS} s")
 
 
-def node_command(ref: VMIRef, verb: Literal["stop", "restart"]) -> NodeCommand:
+def node_command(ref: VMIRef, verb: Literal["stop", "restart", "pause"]) -> NodeCommand:
     return NodeCommand(event_id=str(uuid.uuid4()), verb=verb, namespace=ref.namespace,
                        name=ref.name, uid=ref.uid)
 
@@ -167,6 +167,30 @@ async def test_a_repeated_soft_reboot_reboots_once(
         await worked_through(cluster, running,
                              await publish(cluster, restart, msg_id=str(uuid.uuid4())))
         assert boot_reason(conn, ref) == libvirt.VIR_DOMAIN_RUNNING_UNPAUSED, "not again"
+    finally:
+        lifecycle.graceful_stop(conn, ref.domain, 0, watcher)  # the host outlives the agent
+        await running.close()
+
+
+async def test_work_on_a_running_guest_is_done_only_to_the_instance_it_names(
+        cluster: Cluster, nats_url: str, conn: libvirt.virConnect,
+        watcher: LifecycleWatcher) -> None:
+    """A pause, or a restart, for another instance (uid) of the VMI, as a replayed item
+    or one outliving its instance brings: the running guest is neither paused nor
+    rebooted; for its own uid it is."""
+    ref = await cluster.placed("named")
+    stranger = VMIRef(ref.namespace, ref.name, str(uuid.uuid4()))
+    running = await start(cluster, nats_url)
+    try:
+        await worked_through(cluster, running, await publish(cluster, cluster.launch(ref)))
+        mark_unpaused(conn, ref)
+        for verb in ("restart", "pause"):
+            await worked_through(cluster, running,
+                                 await publish(cluster, node_command(stranger, verb)))
+        assert conn.lookupByName(ref.domain).state()[0] == libvirt.VIR_DOMAIN_RUNNING
+        assert boot_reason(conn, ref) == libvirt.VIR_DOMAIN_RUNNING_UNPAUSED, "not rebooted"
+        await worked_through(cluster, running, await publish(cluster, node_command(ref, "pause")))
+        assert conn.lookupByName(ref.domain).state()[0] == libvirt.VIR_DOMAIN_PAUSED
     finally:
         lifecycle.graceful_stop(conn, ref.domain, 0, watcher)  # the host outlives the agent
         await running.close()
