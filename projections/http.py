@@ -58,6 +58,7 @@ from events.api.instancetype import (
 )
 from events.api.replicaset import PRESET, REPLICA_SET
 from events.errors import InvalidSpec
+from events.messages import NODE_ACTOR_PREFIX
 from events.policy import PathRequest, Policy
 from events.query import Query
 from projections.cluster import ClusterState
@@ -79,6 +80,10 @@ BAD_PARAMETER: Final = "bad_parameter"
 """A `refuse` reason: a list's `limit` or `continue` that is not one (400)."""
 FORBIDDEN_PATH: Final = "forbidden_path"
 """A `refuse` reason: a path the policy does not let the user get (`/metrics`)."""
+NODE_IDENTITY: Final = "node_identity"
+"""A `refuse` reason: a node agent's name (`system:node:<node>`) over HTTP, where a token file
+or a proxy names users: a node's sight (its own VMIs, whatever the policy) is its agent's,
+which asks over NATS as the server vouches (behind kube-rbac-proxy a kubelet is named so)."""
 REMOTE_USER_HEADER: Final = "X-Remote-User"
 """Where kube-rbac-proxy names the user it authenticated (its `--auth-header-user-field-name`
 default); it sets the header itself, over any the caller sent. Its groups header is not
@@ -328,6 +333,10 @@ async def serve(state: ClusterState, reader: Reader, host: str, port: int,
         if user is None:
             reader.refuse(UNAUTHORIZED, path=request.path)
             return _status(401, "Unauthorized", "Unauthorized")
+        if user.startswith(NODE_ACTOR_PREFIX):
+            reader.refuse(NODE_IDENTITY, path=request.path, user=user)
+            return _status(403, "Forbidden", f"forbidden: User {user!r}: a node agent's "
+                                             "identity reads over NATS only")
         if request.path == METRICS_PATH and not reader.policy.allows(
                 user, access := PathRequest("get", METRICS_PATH)):
             reader.refuse(FORBIDDEN_PATH, path=request.path, user=user)

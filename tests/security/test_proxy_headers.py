@@ -96,6 +96,10 @@ async def test_the_proxy_names_who_asks(service: ReadService) -> None:
         assert await _namespaces(url, "alice") == (200, ["tenant-a"])
         assert await _namespaces(url, "operator") == (200, ["tenant-a", "tenant-b"])
         assert await _namespaces(url, "mallory") == (200, [])
+        # A kubelet is named `system:node:<node>` behind the proxy: no node agent's sight.
+        async with aiohttp.ClientSession() as session, session.get(
+                url + VMS, headers={REMOTE_USER_HEADER: "system:node:n1"}) as response:
+            assert response.status == 403, await response.text()
         assert await _metrics(url, "operator") == 200
         assert await _metrics(url, "alice") == 403
     finally:
