@@ -92,7 +92,12 @@ from events.messages import (
     node_actor,
 )
 from events.query import Answer, Query, ask
-from events.streams import HEARTBEAT_INTERVAL, wait_for_streams, work_consumer
+from events.streams import (
+    HEARTBEAT_INTERVAL,
+    WORK_MAX_DELIVER,
+    wait_for_streams,
+    work_consumer,
+)
 from events.subjects import DEFAULT_PREFIX, Layout, encode_token
 from events.transient import describe, is_transient, note, retry_until_stopped, retry_while_running
 from nodeagent import downwardmetrics, guestdisks, lifecycle
@@ -118,6 +123,7 @@ from nodeagent.defaults import (
     REDISCOVERY_INTERVAL_SECONDS,
     SIMULATED_BANDWIDTH_BYTES_PER_SECOND,
     SIMULATED_DIRTY_RATE_BYTES_PER_SECOND,
+    STOP_RETRY_SECONDS,
     TEST_HOST_CPU_MODEL,
 )
 from nodeagent.devices import DeviceLedger
@@ -764,6 +770,10 @@ class NodeAgent:
             self.log.warning("node command failed", error=str(e))
             if command.verb in LAUNCHING_VERBS:
                 await self.report_launch_failed(ref, e)
+            elif command.verb == "stop" and isinstance(e, libvirt.libvirtError) \
+                    and msg.metadata.num_delivered < WORK_MAX_DELIVER:
+                await msg.nak(delay=STOP_RETRY_SECONDS)  # not recorded: done again later
+                return
         finally:
             self.in_progress.pop(ref.domain, None)
         await self._nats(lambda: self.worklog.record_applied(command), "recording applied work")

@@ -67,3 +67,6 @@ NETWORK_DIR: Final = "/var/lib/virtbus/network"
 (`<dir>/<bridge>/`)."""
 INTERFACES_POLL_SECONDS: Final = 1.0
 """How often the agent looks at the DHCP leases for guests' addresses to report."""
+STOP_RETRY_SECONDS: Final = 2.0
+"""How long a stop libvirt failed waits before it is tried again (the work item comes back,
+up to the node stream's `max_deliver`): the guest may still run, as virt-handler re-queues."""

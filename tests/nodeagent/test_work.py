@@ -196,6 +196,35 @@ async def test_work_on_a_running_guest_is_done_only_to_the_instance_it_names(
         await running.close()
 
 
+async def test_a_stop_libvirt_failed_is_done_again(
+        cluster: Cluster, nats_url: str, conn: libvirt.virConnect,
+        watcher: LifecycleWatcher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """libvirt fails a stop once (libvirtd restarting, say): the stop is not recorded as
+    done, it comes again, and the guest is stopped and reported gone. It was recorded and
+    acknowledged with the guest still running, for good."""
+    ref = await cluster.placed("stubborn")
+    running = await start(cluster, nats_url)
+    real_stop = lifecycle.graceful_stop
+    failures: list[str] = []
+
+    def failing_once(*args: object) -> lifecycle.StopOutcome:
+        if not failures:
+            failures.append("planted")
+            raise libvirt.libvirtError("libvirtd is restarting (planted)")
+        return real_stop(*args)  # type: ignore[arg-type]
+
+    try:
+        await worked_through(cluster, running, await publish(cluster, cluster.launch(ref)))
+        monkeypatch.setattr(lifecycle, "graceful_stop", failing_once)
+        await worked_through(cluster, running, await publish(cluster, node_command(ref, "stop")))
+        assert failures == ["planted"]
+        with pytest.raises(libvirt.libvirtError):
+            conn.lookupByName(ref.domain)
+    finally:
+        real_stop(conn, ref.domain, 0, watcher)  # the host outlives the agent
+        await running.close()
+
+
 async def test_bad_work_is_rejected_and_the_agent_goes_on(
         cluster: Cluster, nats_url: str, conn: libvirt.virConnect,
         watcher: LifecycleWatcher) -> None:
