@@ -875,6 +875,9 @@ class NodeAgent:
                 except (TimeoutError, NatsError) as e:
                     self.log.warning("observation not reported", vmi=ref.name,
                                      namespace=ref.namespace, phase=phase, error=describe(e))
+                except libvirt.libvirtError as e:  # the next event, or the reconcile, tells
+                    self.log.error("observation not reported: libvirt failed", vmi=ref.name,
+                                   namespace=ref.namespace, phase=phase, error=str(e))
 
     async def _report_agent_changes(self, changes: asyncio.Queue[AgentChange],
                                     stop: asyncio.Event) -> None:

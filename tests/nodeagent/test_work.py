@@ -12,7 +12,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import libvirt
 import msgspec
@@ -27,6 +27,7 @@ from nodeagent.agent import VMIRef
 from nodeagent.watcher import LifecycleWatcher
 from tests.nodeagent.conftest import Recorder
 from tests.nodeagent.helpers import WAIT_SECONDS, Cluster, Running, next_report, owned, start
+from tests.system.harness import eventually
 
 
 async def publish(cluster: Cluster, command: NodeCommand, msg_id: str = "") -> int:
@@ -222,6 +223,43 @@ async def test_a_stop_libvirt_failed_is_done_again(
             conn.lookupByName(ref.domain)
     finally:
         real_stop(conn, ref.domain, 0, watcher)  # the host outlives the agent
+        await running.close()
+
+
+async def test_an_observation_libvirt_fails_leaves_the_agent_reporting(
+        cluster: Cluster, nats_url: str, conn: libvirt.virConnect,
+        watcher: LifecycleWatcher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """libvirt fails once while the agent reads a guest's state after a lifecycle event:
+    one line, and the agent goes on to report the next (the error ended the agent)."""
+    ref = await cluster.placed("observed")
+    running = await start(cluster, nats_url)
+    real_verdict = lifecycle.verdict_now
+    failures: list[str] = []
+
+    def failing_once(*args: Any) -> Any:
+        if not failures:
+            failures.append("planted")
+            raise libvirt.libvirtError("libvirtd is restarting (planted)")
+        return real_verdict(*args)
+
+    try:
+        await worked_through(cluster, running, await publish(cluster, cluster.launch(ref)))
+        monkeypatch.setattr(lifecycle, "verdict_now", failing_once)
+        dom = conn.lookupByName(ref.domain)
+        dom.suspend()  # its event's verdict fails
+
+        async def failed() -> bool:
+            return bool(failures)
+        await eventually(failed, what="the planted failure")
+        dom.resume()
+        dom.suspend()  # reported
+
+        async def paused_reported() -> bool:
+            assert not running.task.done(), "the agent ended"
+            return running.agent.reported.get(ref.uid, (None, False, ""))[1]
+        await eventually(paused_reported, what="the pause reported")
+    finally:
+        lifecycle.graceful_stop(conn, ref.domain, 0, watcher)  # the host outlives the agent
         await running.close()
 
 
