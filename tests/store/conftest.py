@@ -1,9 +1,11 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from nats.aio.client import Client as Nats
 
+from events.connect import connect
 from events.subjects import Layout
 from tests.store.helpers import SyncHandler
 
@@ -16,3 +18,13 @@ def handler(nats_url: str, prefix: str) -> Iterator[SyncHandler]:
         yield sync
     finally:
         sync.close()
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[Nats]:
+    """A connection of the test's own to the shared server."""
+    connection = await connect(nats_url, "test")
+    try:
+        yield connection
+    finally:
+        await connection.close()

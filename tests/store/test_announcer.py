@@ -5,7 +5,6 @@ never overwrites what the key holds by then, and closing waits for every put's a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
@@ -14,7 +13,6 @@ from structlog.testing import capture_logs
 
 from controlplane import announcer as announcer_module
 from controlplane.announcer import Announcer
-from events.connect import connect
 from events.messages import Outcome, outcome_key
 from events.streams import ensure_all
 from events.subjects import Layout
@@ -24,15 +22,6 @@ TOLD = Outcome(command_id="c1", accepted=True, sequences=[7])
 """What the writer announced first: its lone event's outcome."""
 RECORDED = Outcome(command_id="c1", accepted=False, reason="recorded first")
 """What the command's marker records: another writer's outcome, stored first."""
-
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[Connection]:
-    connection = await connect(nats_url, "test-announcer")
-    try:
-        yield connection
-    finally:
-        await connection.close()
 
 
 @pytest.fixture

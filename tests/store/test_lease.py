@@ -11,7 +11,6 @@ bucket is made here as nats-py makes a bucket, but with deletes allowed for that
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -24,20 +23,10 @@ from structlog.testing import capture_logs
 from controlplane.lease import LEASE_KEY, Lease
 from controlplane.service import serve
 from events.api.resources import _quantity_parser
-from events.connect import connect
 from events.streams import LEASE_TTL, ensure_all, get_key
 from events.subjects import Layout
 from events.transient import is_transient
 from tests.system.harness import eventually
-
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[Nats]:
-    client = await connect(nats_url, "test-lease")
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 @pytest.fixture
