@@ -20,21 +20,21 @@ carries, for each object the decision wrote *or read*, the sequence it saw.
 | kind in a namespace) scanned          |                            | `ev.<kind>.<ns>.>`) at  |
 |                                       |                            | the sequence seen       |
 
-A decision whose batch would be exactly [marker, one event] (one event, on the one object it
-read, no scan) is stored without a batch, which the server stages and syncs (~3.3 ms here,
-against ~0.3 ms for a plain publish): the event alone, guarded by its object's expected
-sequence and marked `marker_follows`, then the marker, a plain publish naming the event's
-sequence (`CommandAccepted.sequences`), expecting its subject as above. The event goes
-only for a command with no marker: its marker's subject is looked up while it is decided
-(and a marker folded since, `Memory.marked`, counts too), for a command delivered again must
-not cause a second change, and a lone event carries no guard of the marker. Between the two the
-event is the command's record: the memory keeps every `marker_follows` event whose marker it
-has not seen (`Memory.unmarked`, complete once the control loop folded the whole log, which
-the intake waits for), and a command found there, before or after its decision, gets the
-missing marker, accepted with that sequence, and no decision (an object read again from the
-log feeds `unmarked` too, so an event whose publish went unanswered is found when the command
-is decided again). Only a complete memory takes this path. Everything else is one atomic
-batch. Either way:
+A decision whose batch would be exactly [marker, one event] (one event, on the one object
+it read, no scan) is stored without a batch, which the server stages and syncs (~3.3 ms
+here, against ~0.3 ms for a plain publish): the event alone, guarded by its object's
+expected sequence and marked `marker_follows`, then the marker, a plain publish naming the
+event's sequence (`CommandAccepted.sequences`), expecting its subject as above. The event
+goes only for a command with no marker: its marker's subject is looked up while it is
+decided (and a marker folded or stored since, `Memory.marked`, counts too), for a command
+delivered again must not cause a second change, and a lone event carries no guard of the
+marker. Between the two the event is the command's record: the memory keeps every
+`marker_follows` event whose marker it has not seen (`Memory.unmarked`, complete once the
+control loop folded the whole log, which the intake waits for), and a command found there,
+before or after its decision, gets the missing marker, accepted with that sequence, and no
+decision (an object read again from the log feeds `unmarked` too, so an event whose publish
+went unanswered is found when the command is decided again). Only a complete memory takes
+this path. Everything else is one atomic batch. Either way:
 
 | the server answers                     | then                                              |
 |----------------------------------------|---------------------------------------------------|
@@ -175,11 +175,21 @@ class Memory:
         command's marker (`marker_follows`) whose marker is not in the log as far as this
         memory knows: a writer stopped between the two, or this one while it appends the
         marker (`_publish_alone`). Entries leave when the marker is observed or stored here;
-        complete (`complete`) once the whole log is folded."""
+        complete (`complete`) once the whole log is folded. The live follow brings no
+        markers, so another writer's marker stored past the catch-up (a leader that lost
+        its lease, still finishing) leaves its entry: that command, delivered here again,
+        meets the marker on the marker's subject and answers it."""
         self.marked: dict[str, None] = {}
-        """The command ids of the markers folded last (at most `RECENT_MARKERS`, oldest
-        first): a marker stored by another writer after this one looked for it, and folded
-        before it decided, is known here."""
+        """The command ids of the markers folded or stored here last (at most
+        `RECENT_MARKERS`, oldest first): a marker stored by another writer after this one
+        looked for it, and folded before it decided, is known here."""
+        self._marked_ahead: dict[str, int] = {}
+        """Command id -> sequence of its event stored alone, for each marker this writer
+        stored before the control loop folded that event: the live follow brings no
+        markers back (`controlplane.loop`), so the event, folded later, must not be taken
+        for one still waiting for its marker. An entry the follow has passed without it
+        (none should be) goes at the next sweep."""
+        self._sweep_at = RECENT_MARKERS
         self._scopes: dict[str, _Scope] = {}
         """Scan scopes (`Decision.all_existing`) answered from the views so far, each kept
         up to date as views arrive: its objects, and the newest sequence among them."""
@@ -195,12 +205,12 @@ class Memory:
         """Fold an event from the log (its own writes come back too, and change nothing)."""
         self.position = max(self.position, sequence)
         if isinstance(event, CommandAccepted | CommandRejected):
-            self.unmarked.pop(event.command_id, None)
-            self.marked[event.command_id] = None
-            if len(self.marked) > RECENT_MARKERS:
-                del self.marked[next(iter(self.marked))]
+            self._mark(event.command_id)
             return
-        self._note_unmarked(event, sequence)
+        if event.marker_follows and self._marked_ahead.get(event.causation_id) == sequence:
+            del self._marked_ahead[event.causation_id]  # its marker is stored already
+        else:
+            self._note_unmarked(event, sequence)
         view = self.views.get(event.originator_id)
         if view is None:
             if event.originator_id in self._stale:
@@ -281,8 +291,26 @@ class Memory:
             if known is not None:
                 known.take(agg_id, folded)
 
+    def stored_marker(self, command_id: str, event_sequence: int | None = None) -> None:
+        """This writer stored `command_id`'s marker (recording its event stored alone at
+        `event_sequence`, if any): known at once, since the live follow does not bring it
+        back."""
+        self._mark(command_id)
+        if event_sequence is not None and event_sequence > self.position:
+            self._marked_ahead[command_id] = event_sequence
+            if len(self._marked_ahead) >= self._sweep_at:  # amortised: its size doubles
+                self._marked_ahead = {c: seq for c, seq in self._marked_ahead.items()
+                                      if seq > self.position}
+                self._sweep_at = max(RECENT_MARKERS, 2 * len(self._marked_ahead))
+
+    def _mark(self, command_id: str) -> None:
+        self.unmarked.pop(command_id, None)
+        self.marked[command_id] = None
+        if len(self.marked) > RECENT_MARKERS:
+            del self.marked[next(iter(self.marked))]
+
     def _note_unmarked(self, event: Event, sequence: int) -> None:
-        if event.marker_follows:
+        if event.marker_follows and self._marked_ahead.get(event.causation_id) != sequence:
             self.unmarked[event.causation_id] = (event.originator_id, sequence)
 
     def forget(self, agg_id: str, seen: int) -> None:
@@ -493,6 +521,7 @@ class CommandHandler:
                 if alone is not None:
                     return await self._publish_alone(decision, alone, announce, bound)
                 seqs = await self.commits.publish(self._batch(decision, verdict, marker_at))
+                self.memory.stored_marker(command.id)
             except (AppendConflict, OutcomeUnknown) as e:
                 prior, marker_at = await self.prior(command)
                 if prior is not None:
@@ -550,8 +579,7 @@ class CommandHandler:
         await announce(result.outcome)  # final already; the intake awaits no ack for it
         result.announced = True
         recorded = await self._publish_marker(command, lambda marker_at: [_message(
-            self.log.layout.aggregate_subject(marker.originator_id), marker, marker_at)])
-        self.memory.unmarked.pop(command.id, None)
+            self.log.layout.aggregate_subject(marker.originator_id), marker, marker_at)], seq)
         if isinstance(recorded, Result) and recorded.outcome != result.outcome:
             bound.error("another outcome was recorded first for a command whose event is "
                         "stored; it stands", recorded=recorded.outcome, stored=result.outcome)
@@ -567,25 +595,30 @@ class CommandHandler:
         marker = self._marker(decision, None, [seq])
         recorded = await self._publish_marker(
             command, lambda marker_at: [_message(
-                self.log.layout.aggregate_subject(marker.originator_id), marker, marker_at)])
-        self.memory.unmarked.pop(command.id, None)
+                self.log.layout.aggregate_subject(marker.originator_id), marker, marker_at)],
+            seq)
         if isinstance(recorded, Result):
             return recorded
         bound.info("command accepted: its event was stored before its marker", sequences=[seq])
         return Result(Outcome(command_id=command.id, accepted=True, sequences=[seq]))
 
     async def _publish_marker(self, command: Command,
-                              messages_at: Callable[[int], list[Outgoing]]) -> list[int] | Result:
+                              messages_at: Callable[[int], list[Outgoing]],
+                              event_sequence: int | None = None) -> list[int] | Result:
         """Store a batch that leads with the command's marker, expecting the marker's
         subject at `marker_at` (0, or past a stray): its sequences, or the command's first
-        outcome when a marker is there already."""
+        outcome when a marker is there already. Either way the memory knows the command
+        has its marker (and that its event stored alone at `event_sequence` has too)."""
         marker_at = 0
         for _attempt in range(MAX_ATTEMPTS):
             try:
-                return await self.commits.publish(messages_at(marker_at))
+                stored = await self.commits.publish(messages_at(marker_at))
+                self.memory.stored_marker(command.id, event_sequence)
+                return stored
             except (AppendConflict, OutcomeUnknown):
                 prior, last = await self.prior(command)
                 if prior is not None:
+                    self.memory.stored_marker(command.id, event_sequence)
                     return prior
                 if last == marker_at:  # no answer, and nothing stored: unknown
                     raise

@@ -57,16 +57,21 @@ from controlplane.workloadupdate.controller import WorkloadUpdater
 from controlplane.writer import Writer
 from events.aio import pause_unless_stopped, together, unless_stopped
 from events.codec import Event
-from events.messages import COMMAND_KIND, Command
+from events.messages import Command
 from events.subjects import Layout, split_aggregate_id
 from events.transient import is_transient, note, retry_until_stopped
-from projections.cluster import ClusterState
+from projections.cluster import VIEW_KINDS, ClusterState
 from projections.follower import follow
 from projections.snapshots import Snapshots, restore
 
 log = structlog.get_logger(__name__)
 
-_MARKER_PREFIX: Final = f"{COMMAND_KIND}."
+FOLLOWED_KINDS: Final = tuple(VIEW_KINDS)
+"""What the live follow asks the server for: the kinds the read model holds views of,
+every kind but commands' markers. A marker is no object of the read model nor of any
+controller, and it is half the log under client load: the writer knows its own markers as
+it stores them (`Memory.stored_marker`). The replay up to the head reads them all, so the
+memory knows every event still waiting for its marker when the intake starts."""
 
 STALLED_AFTER_PERIODS: Final = 3
 """A node-monitor round that comes this many periods late (and at least half a grace
@@ -116,7 +121,7 @@ class ControlLoop:
         log.info("control loop replaying", dispatcher_checkpoint=checkpoint, start=start)
         await together(
             follow(self.nc, self.layout, self._on_event, start=start,
-                   on_caught_up=self._caught_up, stop=stop),
+                   on_caught_up=self._caught_up, stop=stop, live_kinds=FOLLOWED_KINDS),
             self._watch_heartbeats(stop),
             self._monitor_nodes(stop),
             self._wake_backoffs(stop),
@@ -161,9 +166,7 @@ class ControlLoop:
         self.writer.handler.memory.observe(event, sequence)
         await retry_until_stopped(lambda: self.dispatcher.on_event(sequence, event, self.state),
                                   "dispatching", self._stop, event_sequence=sequence)
-        # A command's outcome marker is no object any controller watches: half the events
-        # under client load, and seven calls each.
-        if self.live.is_set() and not event.originator_id.startswith(_MARKER_PREFIX):
+        if self.live.is_set():  # live, markers are not followed (`FOLLOWED_KINDS`)
             self._unseen.append(event)
             self._woken.set()
 

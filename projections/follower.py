@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime
 from typing import Final
 
@@ -178,6 +178,7 @@ async def follow(
     on_skip: OnSkip | None = None,
     stop: asyncio.Event | None = None,
     poll_seconds: float | None = None,
+    live_kinds: Collection[str] = (),
 ) -> None:
     """Deliver every event from `start` on, in order, until `stop` is set. A message this
     version cannot decode is skipped (logged, and told to `on_skip`), never delivered, and
@@ -186,7 +187,11 @@ async def follow(
     attempt, until it is answered or `stop` is set.
 
     Live, it reads from an ordered consumer; given `poll_seconds`, by Direct Get pages that
-    often instead: a person may create no consumer (`events.authorization.person`)."""
+    often instead: a person may create no consumer (`events.authorization.person`). Given
+    `live_kinds`, the live follow asks the server for those kinds' events only
+    (`ev.<kind>.>`; the replay up to the head still reads everything): the server then
+    sends nothing the reader would drop (the control plane, commands' markers, half of
+    the log under client load)."""
     subject = subject or layout.events_filter()
     stop = stop or asyncio.Event()
     target = await retry_until_stopped(lambda: head(nc, layout, subject),
@@ -202,7 +207,8 @@ async def follow(
     if on_caught_up is not None:
         await on_caught_up()
     if poll_seconds is None:
-        await _follow_live(nc, layout, on_event, on_skip, subject=subject, position=position,
+        live = tuple(layout.events_filter(kind) for kind in live_kinds) or (subject,)
+        await _follow_live(nc, layout, on_event, on_skip, subjects=live, position=position,
                            stop=stop)
         return
     while position is not None and not stop.is_set():
@@ -244,16 +250,17 @@ async def _hand_over(msg: Msg, seq: int, on_event: OnEvent, on_skip: OnSkip | No
 
 
 async def _follow_live(nc: Client, layout: Layout, on_event: OnEvent, on_skip: OnSkip | None,
-                       *, subject: str, position: int, stop: asyncio.Event) -> None:
-    """Stay live from `position` on an ordered consumer, watched: when nothing arrives for
-    `STALL_CHECK_SECONDS` while the log holds events past `position`, the consumer is
-    presumed lost (a reset nats-py could not finish, a connection dropped) and replaced
-    from `position`. Anything already handed over is skipped, so a replacement, or
-    nats-py's own reset, never delivers an event twice."""
+                       *, subjects: tuple[str, ...], position: int,
+                       stop: asyncio.Event) -> None:
+    """Stay live from `position` on an ordered consumer of `subjects`, watched: when nothing
+    arrives for `STALL_CHECK_SECONDS` while the log holds events of `subjects` past
+    `position`, the consumer is presumed lost (a reset nats-py could not finish, a
+    connection dropped) and replaced from `position`. Anything already handed over is
+    skipped, so a replacement, or nats-py's own reset, never delivers an event twice."""
     queue: asyncio.Queue[Msg] = asyncio.Queue()
     stopped = asyncio.ensure_future(stop.wait())
     got: asyncio.Future[Msg] | None = None
-    sub = await retry_until_stopped(lambda: _subscribe(nc, subject, position, queue),
+    sub = await retry_until_stopped(lambda: _subscribe(nc, layout, subjects, position, queue),
                                     "following the log live", stop, position=position)
     if sub is None:  # stopped first
         stopped.cancel()
@@ -270,11 +277,11 @@ async def _follow_live(nc: Client, layout: Layout, on_event: OnEvent, on_skip: O
                     break
                 if got not in done:
                     got.cancel()
-                    if await _missed_some(nc, layout, subject, position):
+                    if await _missed_some(nc, layout, subjects, position):
                         log.warning("live follow stalled; resubscribing", position=position)
                         await _unsubscribe(sub)
                         try:
-                            sub = await _subscribe(nc, subject, position, queue)
+                            sub = await _subscribe(nc, layout, subjects, position, queue)
                         except Exception as e:  # NATS failing over: at the next check again
                             if not is_transient(e):
                                 raise
@@ -303,19 +310,25 @@ async def _unsubscribe(sub: JetStreamContext.PushSubscription) -> None:
         log.debug("live follow's old consumer not unsubscribed", error=describe(e))
 
 
-async def _missed_some(nc: Client, layout: Layout, subject: str, position: int) -> bool:
-    """Whether the log holds an event at or past `position`; not knowing is not missing."""
+async def _missed_some(nc: Client, layout: Layout, subjects: tuple[str, ...],
+                       position: int) -> bool:
+    """Whether the log holds an event of `subjects` at or past `position` (what lies past it
+    on other subjects was never asked for); not knowing is not missing."""
     try:
-        return await head(nc, layout, subject) >= position
+        heads = await asyncio.gather(*[head(nc, layout, s) for s in subjects])
+        return max(heads) >= position
     except (TimeoutError, NatsError) as e:
         log.warning("live follow could not read the log's head", error=str(e))
         return False
 
 
-async def _subscribe(nc: Client, subject: str, position: int,
+async def _subscribe(nc: Client, layout: Layout, subjects: tuple[str, ...], position: int,
                      queue: asyncio.Queue[Msg]) -> JetStreamContext.PushSubscription:
-    return await nc.jetstream().subscribe(
-        subject, ordered_consumer=True, cb=queue.put,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                              opt_start_seq=position),
-    )
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                            opt_start_seq=position)
+    if len(subjects) == 1:
+        return await nc.jetstream().subscribe(subjects[0], ordered_consumer=True,
+                                              cb=queue.put, config=config)
+    config.filter_subjects = list(subjects)
+    return await nc.jetstream().subscribe("", stream=layout.events_stream,
+                                          ordered_consumer=True, cb=queue.put, config=config)

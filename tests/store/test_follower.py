@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from events.codec import Event
 from events.connect import connect
+from events.messages import Command
 from events.subjects import Layout
 from projections import follower
 from tests.store.helpers import SyncHandler, register
@@ -103,3 +105,43 @@ async def test_a_lost_live_consumer_is_replaced_and_nothing_comes_twice(
         task.cancel()
         await nc.close()
     assert seen == list(range(1, later[-1] + 1))  # every event, once, in order
+
+
+async def test_a_live_follow_of_some_kinds_gets_theirs_only_and_no_stall_from_the_rest(
+        handler: SyncHandler, nats_url: str, prefix: str) -> None:
+    """The control plane follows live every kind but commands' markers (`live_kinds`):
+    each node event comes once and in order, no marker comes, and a marker stored past the
+    last node event is not taken for an event the follow missed (that would replace the
+    consumer after every silence)."""
+    register(handler, "before")
+    layout = Layout(prefix)
+    nc = await connect(nats_url, "test-follower-kinds")
+    seen: list[tuple[int, str]] = []
+    live: list[int] = []
+    stop = asyncio.Event()
+
+    async def on_event(sequence: int, event: Event) -> None:
+        seen.append((sequence, event.originator_id.split(".", 1)[0]))
+        if live and sequence == live[-1]:
+            stop.set()
+
+    async def on_caught_up() -> None:
+        live.extend(await asyncio.to_thread(register, handler, "live"))
+        refused = await asyncio.to_thread(handler.execute, Command(  # a marker alone, last
+            id=str(uuid.uuid4()), actor="user:alice", kind="Node", verb="fly", name="live"))
+        assert not refused.outcome.accepted
+
+    try:
+        await asyncio.wait_for(follower.follow(nc, layout, on_event, on_caught_up=on_caught_up,
+                                               stop=stop, live_kinds=("node",)), 30)
+        head = await follower.head(nc, layout)
+        nodes = (layout.events_filter("node"),)
+        missed = await follower._missed_some(nc, layout, nodes, live[-1] + 1)
+        behind = await follower._missed_some(nc, layout, nodes, live[-1])
+    finally:
+        await nc.close()
+    assert "command" in [kind for s, kind in seen if s < live[0]]  # the replay reads all
+    assert [(s, k) for s, k in seen if s > live[0] - 2] == [(s, "node") for s in live]
+    assert head > live[-1]  # the refusal's marker
+    assert not missed  # only that marker lies past the last node event
+    assert behind  # the last node event lies past the one before it

@@ -251,3 +251,35 @@ async def test_two_commands_with_one_id_for_two_objects_are_decided_once(vb: Cli
     assert await stored(vb, "vm.default.db") == [], "the second object untouched"
     found = await marker(vb, "one-id")
     assert found is not None and found[0] == first
+
+
+async def test_a_lone_event_folded_after_its_marker_is_not_taken_for_one_without(
+        vb: Client) -> None:
+    """The control plane's live follow brings no markers back (`FOLLOWED_KINDS`), so the
+    writer knows its own as it stores them. Its lone event folded after its marker was
+    stored (the follow behind, as under load) or before (the follow ahead) leaves nothing
+    waiting for a marker; otherwise every such command would stay in `unmarked` for good,
+    and one delivered again would take the settling path instead of its look-up."""
+    writer = Writer(vb.nc, vb.layout)
+    memory = writer.handler.memory
+    memory.complete = True  # the log holds nothing yet: complete
+
+    async def fold(agg_id: str) -> None:  # as the control loop's follow hands it over
+        for msg in await read_all(vb.nc, vb.layout.events_stream,
+                                  vb.layout.aggregate_subject(agg_id)):
+            event = read_event(msg)
+            assert event is not None and event.marker_follows, "the lone-event path"
+            memory.observe(event, sequence(msg))
+
+    async def fold_early(_outcome: Outcome) -> None:  # the event stored, its marker not yet
+        await fold("vm.default.ahead")
+
+    behind = vb.command("VirtualMachine", "apply", manifest=vm_manifest("behind", "Halted"))
+    ahead = vb.command("VirtualMachine", "apply", manifest=vm_manifest("ahead", "Halted"))
+    assert (await writer.execute(behind)).outcome.accepted
+    await fold("vm.default.behind")
+    assert (await writer.execute(ahead, fold_early)).outcome.accepted
+    assert memory.unmarked == {}
+    for command in (behind, ahead):
+        found = await marker(vb, command.id)
+        assert found is not None and found[0].accepted
