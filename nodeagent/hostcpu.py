@@ -54,7 +54,7 @@ class CpuMap:
     def __init__(self, conn: libvirt.virConnect, arch: str, domain_type: str) -> None:
         self._conn = conn
         self.arch = arch
-        self._domain_type = domain_type
+        self.domain_type = domain_type
         self._key = (conn.getURI(), arch, domain_type)
 
     def models(self) -> list[str]:
@@ -71,7 +71,7 @@ class CpuMap:
         flag = libvirt.VIR_CONNECT_BASELINE_CPU_EXPAND_FEATURES
         try:
             expanded = self._conn.baselineHypervisorCPU(
-                None, self.arch, None, self._domain_type, [cpu], flag
+                None, self.arch, None, self.domain_type, [cpu], flag
             )
         except libvirt.libvirtError as err:
             if not is_unsupported(err):
@@ -97,9 +97,11 @@ class CpuMap:
 
 
 def host_cpu(conn: libvirt.virConnect, cpu_map: CpuMap, declared_model: str) -> HostCpu:
-    """Domain capabilities where the driver has them, else the capabilities' host CPU."""
+    """Domain capabilities where the driver has them, else the capabilities' host CPU: for
+    the domain type the node's guests get (`cpu_map.domain_type`), not libvirt's default
+    (kvm wherever /dev/kvm exists, whose host-model TCG guests do not get)."""
     try:
-        domcaps = conn.getDomainCapabilities(None, cpu_map.arch, None, None, 0)
+        domcaps = conn.getDomainCapabilities(None, cpu_map.arch, None, cpu_map.domain_type, 0)
     except libvirt.libvirtError as err:
         if not is_unsupported(err):
             raise
