@@ -31,8 +31,8 @@ from bench.common import (
     timed,
     timed_async,
 )
-from events.bridge import DEFAULT_TIMEOUT, NatsBridge
-from events.datastore import MAX_BATCH
+from events.jetstream.bridge import DEFAULT_TIMEOUT, NatsBridge
+from events.jetstream.datastore import MAX_BATCH
 
 WARMUP = 50
 """Operations run before each timed loop, so connection set-up is not counted."""

@@ -45,8 +45,8 @@ from bench.common import (
 )
 from bench.cpu import CpuReading, cpu_figures, read_cpu
 from controlplane.user.client import Client
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.jetstream.streams import ensure_all
+from events.language.subjects import Layout
 
 RAW_SAMPLES = 2000
 WARM_UP = 20

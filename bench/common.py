@@ -24,10 +24,10 @@ from eventsourcing.utils import Environment
 from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-from events.codec import Event, EventMapper, event_type, now
-from events.jetstream import JetStreamApplicationRecorder, JetStreamFactory
-from events.server import EmbeddedNats
-from events.subjects import Layout
+from events.jetstream.server import EmbeddedNats
+from events.jetstream.store import JetStreamApplicationRecorder, JetStreamFactory
+from events.language.codec import Event, EventMapper, event_type, now
+from events.language.subjects import Layout
 
 Figures = dict[str, float | int | str]
 

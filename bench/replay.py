@@ -3,7 +3,8 @@
 `python -m bench.replay [--events N] [--aggregates A] [--nats-url URL]`
 
 Writes N events over A aggregates in atomic batches, then times, over the same messages:
-(a) a rebuild as a projection does it: `select_notifications` pages, `events.codec.decode`,
+(a) a rebuild as a projection does it: `select_notifications` pages,
+`events.language.codec.decode`,
 folded into a read model; (b) an ordered push consumer receiving every raw message, decoding
 nothing; (c) msgspec decoding the same payloads, and `codec.decode` doing it with its topic
 lookup, so decode and transport can be told apart.
@@ -21,8 +22,8 @@ from nats.aio.msg import Msg
 
 from bench import common
 from bench.common import BenchEvent, Store
-from events.codec import decode
-from events.datastore import MAX_BATCH
+from events.jetstream.datastore import MAX_BATCH
+from events.language.codec import decode
 
 PAGE = 1000
 """Notifications a rebuild asks for at a time, as a projection runner would."""
@@ -109,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     replay.show("store: rebuild (page, decode, fold)")
     raw.show("raw: ordered push consumer")
     raw_decode.show("decode: msgspec Decoder")
-    codec_decode.show("decode: events.codec.decode")
+    codec_decode.show("decode: events.language.codec.decode")
     print(f"rebuild/raw {replay.per_s / raw.per_s:.2f}; decoding is "
           f"{100 * codec_decode.seconds / replay.seconds:.0f}% of the rebuild")
     common.emit(replay, raw, {

@@ -49,21 +49,21 @@ from bench.common import Figures, percentile, positive
 from controlplane.up import Child, UpOptions, children
 from controlplane.user.client import Client
 from events.api.resources import quantity
-from events.codec import Event
-from events.connect import Access
-from events.directget import read_all
-from events.logs import configure
-from events.messages import NodeCommand
-from events.nodes import NodeNotReady
-from events.server import EmbeddedNats, free_port
-from events.streams import prepare_streams
-from events.subjects import Layout, split_aggregate_id
-from events.vm import (
+from events.jetstream.connect import Access
+from events.jetstream.directget import read_all
+from events.jetstream.server import EmbeddedNats, free_port
+from events.jetstream.streams import prepare_streams
+from events.language.codec import Event
+from events.language.kinds.nodes import NodeNotReady
+from events.language.kinds.vm import (
     VirtualMachineCreated,
     VirtualMachineInstanceCreated,
     VirtualMachineInstancePhaseChanged,
     VirtualMachineInstanceScheduled,
 )
+from events.language.messages import NodeCommand
+from events.language.subjects import Layout, split_aggregate_id
+from events.runtime.logs import configure
 from projections import audit
 from projections.follower import follow, head
 from projections.snapshots import Snapshots

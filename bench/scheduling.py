@@ -28,10 +28,14 @@ from events.api.node import NodeInfo
 from events.api.resources import DEFAULT_TUNING
 from events.api.scheduling import Taint
 from events.api.vm import VirtualMachineInstanceSpec
-from events.codec import Event
-from events.nodes import NODE_KIND, NodeReady, NodeRegistered, NodeTaintsChanged
-from events.subjects import aggregate_id
-from events.vm import VMI_KIND, VirtualMachineInstanceCreated, VirtualMachineInstanceScheduled
+from events.language.codec import Event
+from events.language.kinds.nodes import NODE_KIND, NodeReady, NodeRegistered, NodeTaintsChanged
+from events.language.kinds.vm import (
+    VMI_KIND,
+    VirtualMachineInstanceCreated,
+    VirtualMachineInstanceScheduled,
+)
+from events.language.subjects import aggregate_id
 from projections.cluster import ClusterState
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)

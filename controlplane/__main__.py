@@ -11,12 +11,12 @@ import sys
 
 from controlplane.defaults import NODE_MONITOR_GRACE_SECONDS
 from controlplane.service import run
-from events.connect import NATS_FAILURES, access_from_args, add_arguments, stopped_by
-from events.errors import InvalidSpec
-from events.logs import configure
-from events.policy import add_policy_argument, load_policy
-from events.streams import prepare_streams
-from events.subjects import Layout
+from events.api.errors import InvalidSpec
+from events.authorization.policy import add_policy_argument, load_policy
+from events.jetstream.connect import NATS_FAILURES, access_from_args, add_arguments, stopped_by
+from events.jetstream.streams import prepare_streams
+from events.language.subjects import Layout
+from events.runtime.logs import configure
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from events.codec import Event, now
+from events.language.codec import Event, now
 from projections.views import View
 
 V = TypeVar("V", bound=View)

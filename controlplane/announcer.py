@@ -30,12 +30,12 @@ from controlplane.defaults import (
     MAX_PUT_ATTEMPTS,
     OUTCOME_PUT_TIMEOUT_SECONDS,
 )
-from events.aio import pause_unless_stopped
-from events.datastore import EXPECTED_SEQUENCE_HEADER, STALE_SEQUENCE_CODES
-from events.messages import Outcome
-from events.requests import decode_pub_ack, js_publish, requests
-from events.subjects import Layout
-from events.transient import describe
+from events.jetstream.datastore import EXPECTED_SEQUENCE_HEADER, STALE_SEQUENCE_CODES
+from events.jetstream.requests import decode_pub_ack, js_publish, requests
+from events.jetstream.transient import describe
+from events.language.messages import Outcome
+from events.language.subjects import Layout
+from events.runtime.aio import pause_unless_stopped
 
 log = structlog.get_logger(__name__)
 

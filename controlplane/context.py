@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-from events.connect import (
+from events.jetstream.connect import (
     CA_ENV,
     CERT_ENV,
     CREDENTIALS_ENV,
@@ -20,7 +20,7 @@ from events.connect import (
     PREFIX_ENV,
     Access,
 )
-from events.subjects import DEFAULT_PREFIX
+from events.language.subjects import DEFAULT_PREFIX
 
 
 class Context(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,7 +28,7 @@ class Context(msgspec.Struct, frozen=True, kw_only=True):
     prefix: str = DEFAULT_PREFIX
     data_dir: str = ""
     credentials: str = ""
-    """Paths, as in `events.connect.Access`."""
+    """Paths, as in `events.jetstream.connect.Access`."""
     ca: str = ""
     cert: str = ""
     key: str = ""

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Final
 
 from controlplane.hco.commands import effective_kubevirt_configuration
 from controlplane.hco.operands.kubevirt import MAPPED_FEATURE_GATES
-from events.errors import InvalidSpec
+from events.api.errors import InvalidSpec
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

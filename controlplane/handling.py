@@ -65,19 +65,19 @@ from eventsourcing.persistence import PersistenceError
 from nats.aio.msg import Msg
 
 from controlplane.aggregate import Aggregate, Cause
+from events.api.errors import InvalidSpec, VirtbusError
 from events.api.manifest import decode_object
-from events.codec import Event, encode_kept
-from events.datastore import (
+from events.jetstream.datastore import (
     AppendConflict,
     EventLog,
     OutcomeUnknown,
     Outgoing,
     event_headers,
 )
-from events.directget import LastLookups, sequence
-from events.errors import InvalidSpec, VirtbusError
-from events.groupcommit import GroupCommit
-from events.messages import (
+from events.jetstream.directget import LastLookups, sequence
+from events.jetstream.groupcommit import GroupCommit
+from events.language.codec import Event, encode_kept
+from events.language.messages import (
     MAX_ID_LENGTH,
     MAX_NAME_LENGTH,
     MAX_TOKEN_LENGTH,
@@ -88,7 +88,7 @@ from events.messages import (
     check_envelope,
     marker_aggregate,
 )
-from events.subjects import aggregate_id, encode_token
+from events.language.subjects import aggregate_id, encode_token
 from projections.cluster import VIEW_KINDS
 from projections.follower import first_outcome, read_event
 from projections.views import View

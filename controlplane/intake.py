@@ -46,9 +46,10 @@ from controlplane.defaults import (
 )
 from controlplane.handling import INTERNAL_VERBS, Verdict
 from controlplane.writer import Writer
-from events.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped, unless_stopped
-from events.ids import name_uuid
-from events.messages import (
+from events.authorization.policy import Policy, command_request
+from events.jetstream.transient import retry_until_stopped, retry_while_running
+from events.language.ids import name_uuid
+from events.language.messages import (
     MAX_ID_LENGTH,
     SYSTEM_ACTOR_PREFIX,
     Command,
@@ -58,9 +59,8 @@ from events.messages import (
     node_actor,
     outcome_key,
 )
-from events.policy import Policy, command_request
-from events.subjects import Layout
-from events.transient import retry_until_stopped, retry_while_running
+from events.language.subjects import Layout
+from events.runtime.aio import ACK_WAIT_SECONDS, claimed, pause_unless_stopped, unless_stopped
 
 log = structlog.get_logger(__name__)
 

@@ -21,10 +21,10 @@ from nats.js.api import Header
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from events.aio import pause_unless_stopped
-from events.streams import LEASE_TTL, create_key, get_key
-from events.subjects import Layout
-from events.transient import is_transient, note, retry_until_stopped
+from events.jetstream.streams import LEASE_TTL, create_key, get_key
+from events.jetstream.transient import is_transient, note, retry_until_stopped
+from events.language.subjects import Layout
+from events.runtime.aio import pause_unless_stopped
 
 log = structlog.get_logger(__name__)
 

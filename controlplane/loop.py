@@ -55,11 +55,11 @@ from controlplane.replicaset.controller import ReplicaSetController
 from controlplane.vm.controller import VMController
 from controlplane.workloadupdate.controller import WorkloadUpdater
 from controlplane.writer import Writer
-from events.aio import pause_unless_stopped, together, unless_stopped
-from events.codec import Event
-from events.messages import Command
-from events.subjects import Layout, split_aggregate_id
-from events.transient import is_transient, note, retry_until_stopped
+from events.jetstream.transient import is_transient, note, retry_until_stopped
+from events.language.codec import Event
+from events.language.messages import Command
+from events.language.subjects import Layout, split_aggregate_id
+from events.runtime.aio import pause_unless_stopped, together, unless_stopped
 from projections.cluster import VIEW_KINDS, ClusterState
 from projections.follower import follow
 from projections.snapshots import Snapshots, restore

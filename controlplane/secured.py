@@ -19,7 +19,7 @@ from typing import Final
 
 import msgspec
 
-from events.authorization import (
+from events.authorization.accounts import (
     ADMIN_USER,
     CONTROLPLANE_USER,
     PROJECTIONS_USER,
@@ -28,11 +28,11 @@ from events.authorization import (
     render,
     users_for,
 )
-from events.connect import Credentials
-from events.policy import Policy, load_policy
-from events.server import ServerTLS
-from events.subjects import Layout
-from events.tls import CertFiles, load_ca, make_ca, make_server_cert
+from events.authorization.policy import Policy, load_policy
+from events.jetstream.connect import Credentials
+from events.jetstream.server import ServerTLS
+from events.jetstream.tls import CertFiles, load_ca, make_ca, make_server_cert
+from events.language.subjects import Layout
 
 SECURE_DIR: Final = "secure"
 OPERATOR_USER: Final = "operator"

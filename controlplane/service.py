@@ -14,13 +14,13 @@ from controlplane.intake import CommandIntake, ReportIntake
 from controlplane.lease import Lease
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
-from events.aio import report_loop_errors, together, unless_stopped
 from events.api.resources import load_quantity_parser
-from events.collector import tune_for_service
-from events.connect import Access, connect_unless_stopped, shown
-from events.policy import Policy
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.authorization.policy import Policy
+from events.jetstream.connect import Access, connect_unless_stopped, shown
+from events.jetstream.streams import ensure_all
+from events.language.subjects import Layout
+from events.runtime.aio import report_loop_errors, together, unless_stopped
+from events.runtime.collector import tune_for_service
 
 log = structlog.get_logger(__name__)
 

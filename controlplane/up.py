@@ -18,10 +18,10 @@ import structlog
 from controlplane.context import Context, write_context
 from controlplane.defaults import FLEET_MIN_NODES, NODE_MONITOR_GRACE_SECONDS, TEST_DRIVER_URI
 from controlplane.secured import OPERATOR_USER, Secured, secure
-from events.connect import Access
-from events.server import EmbeddedNats, free_port
-from events.streams import prepare_streams
-from events.subjects import DEFAULT_PREFIX, Layout
+from events.jetstream.connect import Access
+from events.jetstream.server import EmbeddedNats, free_port
+from events.jetstream.streams import prepare_streams
+from events.language.subjects import DEFAULT_PREFIX, Layout
 
 log = structlog.get_logger(__name__)
 

@@ -26,9 +26,9 @@ import controlplane.vm.commands
 import controlplane.vmi.commands
 import controlplane.workloadupdate.commands
 from controlplane.handling import Announce, CommandHandler, Result, nobody
-from events.datastore import EventLog
-from events.messages import Command
-from events.subjects import Layout
+from events.jetstream.datastore import EventLog
+from events.language.messages import Command
+from events.language.subjects import Layout
 
 HANDLER_MODULES = (controlplane.vm.commands, controlplane.vmi.commands,
                    controlplane.node.commands, controlplane.hco.commands,

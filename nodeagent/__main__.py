@@ -13,13 +13,13 @@ from typing import Protocol
 
 import msgspec
 
-from events.aio import report_loop_errors
+from events.api.errors import InvalidSpec
 from events.api.resources import quantity
-from events.collector import tune_for_service
-from events.connect import NATS_FAILURES, Access, add_arguments, stopped_by
-from events.errors import InvalidSpec
-from events.logs import configure
-from events.messages import MigrationAddress
+from events.jetstream.connect import NATS_FAILURES, Access, add_arguments, stopped_by
+from events.language.messages import MigrationAddress
+from events.runtime.aio import report_loop_errors
+from events.runtime.collector import tune_for_service
+from events.runtime.logs import configure
 from nodeagent.agent import AgentConfig, NodeAgent
 from nodeagent.converter import defaults
 from nodeagent.defaults import (

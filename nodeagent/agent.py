@@ -27,7 +27,7 @@ stops the agent. An item the agent could not finish for NATS's sake (no ack, no 
 delivered again, at most `WORK_MAX_DELIVER` times.
 
 Nor does a NATS failover stop it: what NATS fails for a moment (a timeout, no responders, a
-503, a leader being elected: `events.transient`) is tried again where it failed, one log
+503, a leader being elected: `events.jetstream.transient`) is tried again where it failed, one log
 line per attempt, in every start-up query, report, record, pull and heartbeat.
 
 At start (and when a simulated agent stop ends) it reconciles as virt-handler does: it asks
@@ -70,15 +70,27 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.kv import KeyValue
 
-from events.aio import claimed, pause_unless_stopped, together, unless_stopped
+from events.api.errors import InvalidSpec, VirtbusError
 from events.api.hco_defaults import KUBEVIRT_MIN_CPU_MODEL
 from events.api.resources import load_quantity_parser, vmi_resources
 from events.api.validation import START_PAUSED
 from events.api.vm import VirtualMachineInstanceNetworkInterface, VirtualMachineInstanceSpec
-from events.connect import Access, connect
-from events.errors import InvalidSpec, VirtbusError
-from events.ids import random_uuid
-from events.messages import (
+from events.jetstream.connect import Access, connect
+from events.jetstream.streams import (
+    HEARTBEAT_INTERVAL,
+    WORK_MAX_DELIVER,
+    wait_for_streams,
+    work_consumer,
+)
+from events.jetstream.transient import (
+    describe,
+    is_transient,
+    note,
+    retry_until_stopped,
+    retry_while_running,
+)
+from events.language.ids import random_uuid
+from events.language.messages import (
     MAX_ID_LENGTH,
     MAX_NAME_LENGTH,
     MAX_TOKEN_LENGTH,
@@ -91,15 +103,9 @@ from events.messages import (
     SimRequest,
     node_actor,
 )
-from events.query import Answer, Query, ask
-from events.streams import (
-    HEARTBEAT_INTERVAL,
-    WORK_MAX_DELIVER,
-    wait_for_streams,
-    work_consumer,
-)
-from events.subjects import DEFAULT_PREFIX, Layout, encode_token
-from events.transient import describe, is_transient, note, retry_until_stopped, retry_while_running
+from events.language.query import Answer, Query, ask
+from events.language.subjects import DEFAULT_PREFIX, Layout, encode_token
+from events.runtime.aio import claimed, pause_unless_stopped, together, unless_stopped
 from nodeagent import downwardmetrics, guestdisks, lifecycle
 from nodeagent.console import ConsolePublisher
 from nodeagent.converter import convert
@@ -174,7 +180,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     nats_url: str
     nats_credentials: str = ""
-    """Paths, as in `events.connect.Access`: the secrets stay in their files."""
+    """Paths, as in `events.jetstream.connect.Access`: the secrets stay in their files."""
     nats_ca: str = ""
     nats_cert: str = ""
     nats_key: str = ""
@@ -660,7 +666,8 @@ class NodeAgent:
         none waits out its ack wait in a batch behind slow work and comes twice. A pull NATS
         cannot serve (no consumer leader, a server lost, the consumer gone) is one log line,
         a pause, and a wait for the consumer, one line per look: the control plane creates
-        it and sets it up again, the agent only binds to it (`events.streams.work_consumer`)."""
+        it and sets it up again, the agent only binds to it
+        (`events.jetstream.streams.work_consumer`)."""
         assert self.nc is not None
         js = self.nc.jetstream()
         durable = work_consumer(self.cfg.node)

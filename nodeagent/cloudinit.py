@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 import pycdlib
 
-from events.errors import InvalidSpec
+from events.api.errors import InvalidSpec
 
 if TYPE_CHECKING:
     from events.api.domain import CloudInitConfigDriveSource, CloudInitNoCloudSource

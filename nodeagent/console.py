@@ -26,11 +26,11 @@ import structlog
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
-from events.aio import pause_unless_stopped
-from events.directget import DirectGetError, last_by_subject
-from events.streams import CONSOLE_CHUNK_BYTES
-from events.subjects import Layout
-from events.transient import describe
+from events.jetstream.directget import DirectGetError, last_by_subject
+from events.jetstream.streams import CONSOLE_CHUNK_BYTES
+from events.jetstream.transient import describe
+from events.language.subjects import Layout
+from events.runtime.aio import pause_unless_stopped
 from nodeagent.converter.console import SERIAL_LOG
 from nodeagent.vmiref import VMIRef
 

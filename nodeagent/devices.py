@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from events.api.errors import VirtbusError
 from events.api.resources import KVM_DEVICE, TUN_DEVICE
-from events.errors import VirtbusError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, TypeVar
 import msgspec
 import yaml
 
+from events.api.errors import InvalidSpec
 from events.api.validation import validate_vmi_spec
 from events.api.vm import VirtualMachineInstanceSpec
-from events.errors import InvalidSpec
 from nodeagent.converter import ConverterContext, convert
 from nodeagent.converter import defaults as converter_defaults
 from nodeagent.converter.context import memfd_from_annotations

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final
 import libvirt
 import msgspec
 
-from events.errors import VirtbusError
+from events.api.errors import VirtbusError
 from nodeagent.converter import volume_source
 
 if TYPE_CHECKING:

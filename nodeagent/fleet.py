@@ -22,9 +22,9 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 
-from events.aio import pause_unless_stopped
-from events.connect import Access, connect
-from events.subjects import DEFAULT_PREFIX
+from events.jetstream.connect import Access, connect
+from events.language.subjects import DEFAULT_PREFIX
+from events.runtime.aio import pause_unless_stopped
 from nodeagent.agent import AgentConfig, NodeAgent
 from nodeagent.converter import defaults as converter_defaults
 from nodeagent.defaults import (

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 import structlog
 
+from events.api.errors import VirtbusError
 from events.api.resources import quantity
-from events.errors import VirtbusError
 from nodeagent import cloudinit
 from nodeagent.converter.disks import volume_source
 from nodeagent.converter.kernelboot import kernel_artifacts

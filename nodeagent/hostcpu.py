@@ -17,6 +17,7 @@ from xml.sax.saxutils import escape
 
 import libvirt
 
+from events.api.errors import InvalidSpec
 from events.api.node import (
     CPU_FEATURE_LABEL,
     CPU_MODEL_LABEL,
@@ -25,7 +26,6 @@ from events.api.node import (
     NFD_CPU_FEATURE_LABEL,
     NFD_CPU_MODEL_LABEL,
 )
-from events.errors import InvalidSpec
 from nodeagent.virterror import is_unsupported
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from events.errors import VirtbusError
+from events.api.errors import VirtbusError
 
 
 class HostPathError(VirtbusError):

@@ -28,7 +28,7 @@ from typing import Final
 
 import structlog
 
-from events.errors import InvalidSpec, VirtbusError
+from events.api.errors import InvalidSpec, VirtbusError
 
 log = structlog.get_logger(__name__)
 

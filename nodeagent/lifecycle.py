@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import libvirt
 import structlog
 
-from events.errors import Conflict, InvalidSpec, NotFound, VirtbusError
+from events.api.errors import Conflict, InvalidSpec, NotFound, VirtbusError
 from nodeagent.phases import GuestPhase, StopCause, judge
 from nodeagent.virterror import is_no_domain, is_unsupported, is_unsupported_flags
 

@@ -35,7 +35,7 @@ import libvirt
 import msgspec
 import structlog
 
-from events.messages import MigrationOrder
+from events.language.messages import MigrationOrder
 from nodeagent.migration import Transfer, measured, monitor
 from nodeagent.virterror import is_no_domain
 

@@ -1,6 +1,6 @@
-"""The agent's side of live migration: the five migration verbs (`events.messages.NodeVerb`
-has the table), the source's transfer, and what a restarted agent makes of a migration it
-was part of.
+"""The agent's side of live migration: the five migration verbs
+(`events.language.messages.NodeVerb` has the table), the source's transfer, and what a
+restarted agent makes of a migration it was part of.
 
 The log decides where the guest runs: the source keeps its guest until migrate-cleanup, the
 target starts one only on migrate-finish (dispatched once the control plane has appended
@@ -49,11 +49,11 @@ import msgspec
 import structlog
 from nats.errors import Error as NatsError
 
-from events.aio import pause_unless_stopped
+from events.api.errors import VirtbusError
 from events.api.resources import guest_memory_bytes, quantity
-from events.errors import VirtbusError
-from events.ids import random_uuid
-from events.messages import (
+from events.jetstream.transient import describe
+from events.language.ids import random_uuid
+from events.language.messages import (
     SIMULATED_DIRTY_RATE_ANNOTATION,
     MigrationObservation,
     MigrationOrder,
@@ -61,7 +61,7 @@ from events.messages import (
     NodeCommand,
     NodeReport,
 )
-from events.transient import describe
+from events.runtime.aio import pause_unless_stopped
 from nodeagent import guestdisks, livemigration
 from nodeagent.converter import convert
 from nodeagent.converter import defaults as converter_defaults

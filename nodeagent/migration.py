@@ -27,7 +27,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from events.messages import MigrationMode
+from events.language.messages import MigrationMode
 
 QEMU_DOWNTIME_LIMIT_SECONDS: Final = 0.3
 """QEMU's default `downtime-limit` (300 ms): how long the switch-over may pause the guest."""

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import libvirt
 
-from events.vm import PAUSED_IO_ERROR
+from events.language.kinds.vm import PAUSED_IO_ERROR
 
 
 class GuestPhase(StrEnum):

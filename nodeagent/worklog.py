@@ -36,8 +36,8 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from events.messages import MigrationOrder, NodeCommand
-from events.subjects import Layout, encode_token
+from events.language.messages import MigrationOrder, NodeCommand
+from events.language.subjects import Layout, encode_token
 from nodeagent.defaults import WORKLOG_POLL_SECONDS
 
 

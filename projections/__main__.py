@@ -6,11 +6,11 @@ import argparse
 import os
 import sys
 
-from events.connect import NATS_FAILURES, access_from_args, add_arguments, stopped_by
-from events.errors import InvalidSpec
-from events.logs import configure
-from events.policy import add_policy_argument, load_policy
-from events.subjects import Layout
+from events.api.errors import InvalidSpec
+from events.authorization.policy import add_policy_argument, load_policy
+from events.jetstream.connect import NATS_FAILURES, access_from_args, add_arguments, stopped_by
+from events.language.subjects import Layout
+from events.runtime.logs import configure
 from projections import ratelimit
 from projections.http import StaticTokens
 from projections.service import run

@@ -18,13 +18,13 @@ import jsonpatch
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from events.codec import Event
-from events.directget import pages, read_all, sequence
-from events.nodes import NODE_KIND
-from events.policy import CLUSTER_SCOPED
-from events.query import WATCH_PAGE, Change, HistoryEntry, Query, WatchQuery
-from events.subjects import Layout, aggregate_id, split_aggregate_id
-from events.vm import VM_KIND, VMI_KIND
+from events.authorization.policy import CLUSTER_SCOPED
+from events.jetstream.directget import pages, read_all, sequence
+from events.language.codec import Event
+from events.language.kinds.nodes import NODE_KIND
+from events.language.kinds.vm import VM_KIND, VMI_KIND
+from events.language.query import WATCH_PAGE, Change, HistoryEntry, Query, WatchQuery
+from events.language.subjects import Layout, aggregate_id, split_aggregate_id
 from projections.bulk import uncollected
 from projections.cluster import ClusterState
 from projections.follower import head, read_event, start_sequence_at

@@ -13,12 +13,12 @@ from events.api.replicaset import REPLICA_SET
 from events.api.resources import DEFAULT_TUNING, ClusterTuning, vmi_resources
 from events.api.unsupported import NOT_HONOURED_CONDITION, NOT_HONOURED_REASON, inert_fields
 from events.api.vm import API_VERSION
-from events.codec import Event
-from events.migration import MIGRATION_KIND, WORKLOAD_UPDATE_KIND
-from events.nodes import NODE_KIND
-from events.replicaset import REPLICA_SET_KIND
-from events.subjects import aggregate_id
-from events.vm import PAUSED_MESSAGES, VM_KIND, VMI_KIND
+from events.language.codec import Event
+from events.language.kinds.migration import MIGRATION_KIND, WORKLOAD_UPDATE_KIND
+from events.language.kinds.nodes import NODE_KIND
+from events.language.kinds.replicaset import REPLICA_SET_KIND
+from events.language.kinds.vm import PAUSED_MESSAGES, VM_KIND, VMI_KIND
+from events.language.subjects import aggregate_id
 from projections.hco import HCO_VIEW_KINDS
 from projections.instancetype import INSTANCETYPE_VIEW_KINDS, revision_refs
 from projections.migratable import not_migratable

@@ -7,7 +7,8 @@ service serves it only to an asker the policy grants a `get` of KubeVirt's
 `virtualmachineinstances/console` subresource in the VMI's namespace, and only the output
 of the VMI's current instance on the node the cluster placed it on (another node cannot
 speak for it: its agent may publish only under its own node). A deleted VMI's last instance
-stays readable while the stream keeps its output (`events.streams.CONSOLE_RETENTION`), as its
+stays readable while the stream keeps its output
+(`events.jetstream.streams.CONSOLE_RETENTION`), as its
 events stay readable by `history`: what a guest printed before it powered off is what one
 wants to read once it did.
 """
@@ -18,17 +19,18 @@ from typing import Final
 
 from nats.aio.client import Client
 
-from events.directget import direct_batch, sequence
-from events.messages import NODE_ACTOR_PREFIX
-from events.policy import Policy, console_request
-from events.query import ConsoleAnswer, ConsoleQuery
-from events.subjects import Layout, aggregate_id
-from events.vm import VMI_KIND
+from events.authorization.policy import Policy, console_request
+from events.jetstream.directget import direct_batch, sequence
+from events.language.kinds.vm import VMI_KIND
+from events.language.messages import NODE_ACTOR_PREFIX
+from events.language.query import ConsoleAnswer, ConsoleQuery
+from events.language.subjects import Layout, aggregate_id
 from projections.cluster import ClusterState
 from projections.views import VirtualMachineInstanceView
 
 CONSOLE_PAGE: Final = 64
-"""Console messages one answer holds: 512 KiB at most (`events.streams.CONSOLE_CHUNK_BYTES`),
+"""Console messages one answer holds: 512 KiB at most
+(`events.jetstream.streams.CONSOLE_CHUNK_BYTES`),
 under NATS's default 1 MiB payload."""
 
 

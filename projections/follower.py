@@ -19,13 +19,13 @@ from nats.errors import Error as NatsError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
-from events.aio import delivered_sequence, pause_unless_stopped
-from events.codec import Event, decode, event_class, split_topic
-from events.datastore import TOPIC_HEADER
-from events.directget import PAGE, direct_batch, first_since, last_on, sequence
-from events.messages import COMMAND_KIND, Outcome, recorded_outcome
-from events.subjects import Layout
-from events.transient import describe, is_transient, retry_until_stopped
+from events.jetstream.datastore import TOPIC_HEADER
+from events.jetstream.directget import PAGE, direct_batch, first_since, last_on, sequence
+from events.jetstream.transient import describe, is_transient, retry_until_stopped
+from events.language.codec import Event, decode, event_class, split_topic
+from events.language.messages import COMMAND_KIND, Outcome, recorded_outcome
+from events.language.subjects import Layout
+from events.runtime.aio import delivered_sequence, pause_unless_stopped
 
 log = structlog.get_logger(__name__)
 
@@ -187,7 +187,7 @@ async def follow(
     attempt, until it is answered or `stop` is set.
 
     Live, it reads from an ordered consumer; given `poll_seconds`, by Direct Get pages that
-    often instead: a person may create no consumer (`events.authorization.person`). Given
+    often instead: a person may create no consumer (`events.authorization.accounts.person`). Given
     `live_kinds`, the live follow asks the server for those kinds' events only
     (`ev.<kind>.>`; the replay up to the head still reads everything): the server then
     sends nothing the reader would drop (the control plane, commands' markers, half of

@@ -24,8 +24,8 @@ from events.api.resources import (
     MEMORY_OVERCOMMIT_PERCENT,
     ClusterTuning,
 )
-from events.codec import Event
-from events.hco import (
+from events.language.codec import Event
+from events.language.kinds.hco import (
     HCO_KIND,
     OPERAND_TOKENS,
     HyperConvergedCreated,

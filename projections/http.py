@@ -49,6 +49,7 @@ import structlog
 from aiohttp import web
 from nats.errors import Error as NatsError
 
+from events.api.errors import InvalidSpec
 from events.api.instancetype import (
     API_VERSIONS,
     CLUSTER_INSTANCETYPE,
@@ -57,10 +58,9 @@ from events.api.instancetype import (
     PREFERENCE,
 )
 from events.api.replicaset import PRESET, REPLICA_SET
-from events.errors import InvalidSpec
-from events.messages import NODE_ACTOR_PREFIX
-from events.policy import PathRequest, Policy
-from events.query import Query
+from events.authorization.policy import PathRequest, Policy
+from events.language.messages import NODE_ACTOR_PREFIX
+from events.language.query import Query
 from projections.cluster import ClusterState
 from projections.hco import METRICS_QUERY
 from projections.paging import Listed, ListPages, parse_continue

@@ -19,8 +19,8 @@ from events.api.instancetype import (
 )
 from events.api.vm import API_VERSION as VM_API_VERSION
 from events.api.vm import VirtualMachineSpec
-from events.codec import Event
-from events.instancetype import (
+from events.language.codec import Event
+from events.language.kinds.instancetype import (
     KIND_TOKENS,
     REVISION_KIND,
     REVISION_TOKEN,

@@ -8,9 +8,8 @@ from typing import Any, Final
 
 from events.api.base import ObjectMeta
 from events.api.vm import API_VERSION
-from events.codec import Event
-from events.messages import MigrationOrder
-from events.migration import (
+from events.language.codec import Event
+from events.language.kinds.migration import (
     MigrationAbortRequested,
     MigrationCreated,
     MigrationDeleted,
@@ -21,6 +20,7 @@ from events.migration import (
     Priority,
     WorkloadEvictionBatch,
 )
+from events.language.messages import MigrationOrder
 from projections.views import MigrationState, View, iso, object_meta
 
 FINISHED_PHASES: Final = frozenset({"Succeeded", "Failed"})

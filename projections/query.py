@@ -1,21 +1,21 @@
 """The read API's kinds and their short names. The query/answer messages themselves are in
-`events.query`, since node agents ask too."""
+`events.language.query`, since node agents ask too."""
 
 from __future__ import annotations
 
 from typing import Final
 
+from events.api.errors import InvalidSpec
 from events.api.hco_defaults import KIND as HCO_API_KIND
 from events.api.replicaset import PRESET, REPLICA_SET
-from events.errors import InvalidSpec
-from events.hco import HCO_KIND, OPERAND_TOKENS
-from events.instancetype import KIND_TOKENS as INSTANCETYPE_TOKENS
-from events.instancetype import REVISION_KIND, REVISION_TOKEN
-from events.migration import MIGRATION_KIND
-from events.nodes import NODE_KIND
-from events.preset import PRESET_KIND
-from events.replicaset import REPLICA_SET_KIND
-from events.vm import VM_KIND, VMI_KIND
+from events.language.kinds.hco import HCO_KIND, OPERAND_TOKENS
+from events.language.kinds.instancetype import KIND_TOKENS as INSTANCETYPE_TOKENS
+from events.language.kinds.instancetype import REVISION_KIND, REVISION_TOKEN
+from events.language.kinds.migration import MIGRATION_KIND
+from events.language.kinds.nodes import NODE_KIND
+from events.language.kinds.preset import PRESET_KIND
+from events.language.kinds.replicaset import REPLICA_SET_KIND
+from events.language.kinds.vm import VM_KIND, VMI_KIND
 
 KINDS: Final = {
     "VirtualMachine": ("vm", "vms", "virtualmachine", "virtualmachines"),

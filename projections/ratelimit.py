@@ -19,7 +19,7 @@ from typing import Final
 
 import msgspec
 
-from events.errors import InvalidSpec
+from events.api.errors import InvalidSpec
 
 AUDIT_READS_PER_SECOND: Final = 5.0
 """Audit reads each asker may make per second, sustained."""

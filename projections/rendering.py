@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from events.api.resources import ClusterTuning
-from events.query import Query
+from events.language.query import Query
 from projections import eviction_metrics, vm_metrics
 from projections.cluster import (
     ClusterState,

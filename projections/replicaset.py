@@ -19,13 +19,13 @@ from events.api.replicaset import (
 )
 from events.api.scheduling import LabelSelector
 from events.api.vm import API_VERSION
-from events.codec import Event
-from events.preset import (
+from events.language.codec import Event
+from events.language.kinds.preset import (
     PRESET_KIND,
     VirtualMachineInstancePresetApplied,
     VirtualMachineInstancePresetDeleted,
 )
-from events.replicaset import (
+from events.language.kinds.replicaset import (
     REPLICA_SET_KIND,
     FailureReason,
     ReplicaSetApplied,

@@ -17,13 +17,12 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from events.aio import report_loop_errors, unless_stopped
-from events.codec import Event
-from events.collector import tune_for_service
-from events.connect import Access, connect_unless_stopped, shown
-from events.messages import NODE_ACTOR_PREFIX
-from events.policy import CLUSTER_SCOPED, PathRequest, Policy, Request, resource_of
-from events.query import (
+from events.authorization.policy import CLUSTER_SCOPED, PathRequest, Policy, Request, resource_of
+from events.jetstream.connect import Access, connect_unless_stopped, shown
+from events.jetstream.streams import wait_for_streams
+from events.language.codec import Event
+from events.language.messages import NODE_ACTOR_PREFIX
+from events.language.query import (
     FORBIDDEN,
     NOT_FOUND,
     TOO_MANY_REQUESTS,
@@ -38,8 +37,9 @@ from events.query import (
     queries_filter,
     query_asker,
 )
-from events.streams import wait_for_streams
-from events.subjects import Layout
+from events.language.subjects import Layout
+from events.runtime.aio import report_loop_errors, unless_stopped
+from events.runtime.collector import tune_for_service
 from projections import audit, http
 from projections.bulk import uncollected
 from projections.cluster import ClusterState
@@ -58,7 +58,7 @@ log = structlog.get_logger(__name__)
 READ_WAIT_SECONDS = 10.0
 
 REPLY_PREFIXES: Final = ("_INBOX.", "_R_.")
-"""Where an answer may go: a requester's inbox (`events.connect.inbox_prefix` gives every
+"""Where an answer may go: a requester's inbox (`events.jetstream.connect.inbox_prefix` gives every
 role one under `_INBOX.`), or a reply the server mapped through a service import (`_R_.`,
 which no client may name itself). Anything else could be a stream's subject, and an answer
 there would be stored, by the read service's hand, in the log."""
@@ -81,7 +81,7 @@ TOO_MANY_REQUESTS_MESSAGE: Final = "Too many requests, please try again later."
 """kube-apiserver's words for a 429."""
 WATCH_WAIT_SECONDS: Final = 5.0
 """How long a `watch` page waits for a first change before it answers with none: under the
-asker's request timeout (`events.query.QUERY_TIMEOUT_SECONDS`)."""
+asker's request timeout (`events.language.query.QUERY_TIMEOUT_SECONDS`)."""
 
 
 REDACTED: Final = "<redacted>"

@@ -47,10 +47,10 @@ from nats.js.api import ObjectInfo
 from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
-from events.aio import pause_unless_stopped
-from events.directget import read_all
-from events.subjects import Layout
-from events.transient import describe, retry_within
+from events.jetstream.directget import read_all
+from events.jetstream.transient import describe, retry_within
+from events.language.subjects import Layout
+from events.runtime.aio import pause_unless_stopped
 from projections.bulk import uncollected
 from projections.cluster import VIEW_KINDS, ClusterState
 from projections.views import View

@@ -37,15 +37,15 @@ from events.api.vm import (
     VirtualMachineInstanceSpec,
     VirtualMachineSpec,
 )
-from events.codec import Event
-from events.instancetype import VirtualMachineRevisionsPinned
-from events.migration import (
+from events.language.codec import Event
+from events.language.kinds.instancetype import VirtualMachineRevisionsPinned
+from events.language.kinds.migration import (
     VirtualMachineInstanceEvacuationRequested,
     VirtualMachineInstanceMigrated,
     VirtualMachineInstanceMigrationFailed,
     VirtualMachineInstanceMigrationStarted,
 )
-from events.nodes import (
+from events.language.kinds.nodes import (
     NodeCordoned,
     NodeDrained,
     NodeDrainRequested,
@@ -57,8 +57,7 @@ from events.nodes import (
     NodeTaintsChanged,
     NodeUncordoned,
 )
-from events.subjects import split_aggregate_id
-from events.vm import (
+from events.language.kinds.vm import (
     VirtualMachineCreated,
     VirtualMachineDeleted,
     VirtualMachineInstanceAdopted,
@@ -82,6 +81,7 @@ from events.vm import (
     VirtualMachineStateChangeRequested,
     VirtualMachineUpdated,
 )
+from events.language.subjects import split_aggregate_id
 
 log = structlog.get_logger(__name__)
 

@@ -21,7 +21,7 @@ from nats.errors import NoRespondersError
 from nats.js.client import JetStreamContext
 from nats.js.errors import ServiceUnavailableError
 
-from events.server import EmbeddedNats
+from events.jetstream.server import EmbeddedNats
 
 
 @functools.cache

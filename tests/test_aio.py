@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError
 from structlog.testing import capture_logs
 
-from events.aio import claimed, delivered_sequence, report_loop_errors, together
+from events.runtime.aio import claimed, delivered_sequence, report_loop_errors, together
 
 
 async def test_the_first_part_to_fail_ends_the_others_before_its_error_is_raised() -> None:

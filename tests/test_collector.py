@@ -1,4 +1,5 @@
-"""The collector's thresholds a service sets (`events.collector`): what a message's handling
+"""The collector's thresholds a service sets (`events.runtime.collector`):
+what a message's handling
 leaves behind for a moment is collected young, never by a full collection (each walks the
 whole read model with the event loop stopped).
 
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHURN = """
 import collections, gc, json, sys
-from events.collector import tune_for_service
+from events.runtime.collector import tune_for_service
 
 def churn():  # objects in reference cycles (a future and its callbacks, an exception and
     # its frame), each dropped once 2,000 more are made: garbage only a collection frees

@@ -21,14 +21,14 @@ from nats.js.kv import KeyValue
 
 from controlplane.controllers.dispatcher import WorkConsumers
 from controlplane.user.client import outcomes_bucket
-from events import authorization
-from events.authorization import ADMIN_USER, CONTROLPLANE_USER
-from events.connect import inbox_prefix
-from events.directget import last_by_subject, read_all
-from events.messages import node_actor
-from events.query import Query, ask, query_subject
-from events.server import nats_server_binary
-from events.streams import ensure_all, work_consumer
+from events.authorization import accounts as authorization
+from events.authorization.accounts import ADMIN_USER, CONTROLPLANE_USER
+from events.jetstream.connect import inbox_prefix
+from events.jetstream.directget import last_by_subject, read_all
+from events.jetstream.server import nats_server_binary
+from events.jetstream.streams import ensure_all, work_consumer
+from events.language.messages import node_actor
+from events.language.query import Query, ask, query_subject
 from tests.security import conftest as security
 from tests.system.harness import eventually
 

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from events.ids import name_uuid, random_uuid
+from events.language.ids import name_uuid, random_uuid
 
 NAMESPACE = uuid.UUID("0d3c6f7e-2b1a-5e4d-9c8b-7a6f5e4d3c2b")
 

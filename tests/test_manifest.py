@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 import events.api.hco  # noqa: F401  (imported for its effect: registers the HyperConverged kinds)
+from events.api.errors import InvalidSpec
 from events.api.manifest import decode_object, parse_documents
-from events.errors import InvalidSpec
 
 HCO = {"apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
        "metadata": {"name": "kubevirt-hyperconverged"}}

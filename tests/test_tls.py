@@ -1,4 +1,5 @@
-"""TLS and credentials against a real nats-server with certificates made by events.tls: the
+"""TLS and credentials against a real nats-server with certificates made by
+events.jetstream.tls: the
 right CA connects, anything else is refused in one line; mutual TLS wants a client
 certificate; a credentials file others may read is refused; no password ever reaches a log
 line or an error; and every shipped NATS config, with its TLS blocks, passes the server's
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from events.connect import (
+from events.jetstream.connect import (
     NO_CLIENT_CERT,
     NO_TLS,
     Access,
@@ -30,8 +31,15 @@ from events.connect import (
     connect,
     read_credentials,
 )
-from events.server import EmbeddedNats, ServerTLS, free_port, nats_server_binary
-from events.tls import CertFiles, load_ca, main, make_ca, make_client_cert, make_server_cert
+from events.jetstream.server import EmbeddedNats, ServerTLS, free_port, nats_server_binary
+from events.jetstream.tls import (
+    CertFiles,
+    load_ca,
+    main,
+    make_ca,
+    make_client_cert,
+    make_server_cert,
+)
 from tests.system.harness import eventually
 from tests.test_unreachable_nats import SAFETY_NET_SECONDS, _env, _running
 

@@ -26,10 +26,10 @@ import pytest
 from nats.errors import Error as NatsError
 from nats.js.errors import KeyNotFoundError, ServiceUnavailableError
 
-from events.connect import connect, describe, shown
-from events.server import EmbeddedNats, free_port
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.jetstream.connect import connect, describe, shown
+from events.jetstream.server import EmbeddedNats, free_port
+from events.jetstream.streams import ensure_all
+from events.language.subjects import Layout
 
 ROOT = Path(__file__).resolve().parent.parent
 VIRTBUS = Path(sys.executable).parent / "virtbus"

@@ -12,9 +12,9 @@ import uuid
 from typing import Protocol
 
 from controlplane.defaults import COMMAND_ACTOR_CONTROLLER
-from events.codec import Event
-from events.ids import name_uuid
-from events.messages import Command
+from events.language.codec import Event
+from events.language.ids import name_uuid
+from events.language.messages import Command
 from projections.cluster import ClusterState
 
 _IDS = uuid.UUID("0d3c6f7e-2b1a-5e4d-9c8b-7a6f5e4d3c2b")

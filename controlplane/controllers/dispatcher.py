@@ -60,26 +60,26 @@ from controlplane.defaults import (
     DISPATCH_QUEUE,
     WORK_CONSUMERS_CHECK_SECONDS,
 )
-from events.aio import unless_stopped
 from events.api.vm import API_VERSION
-from events.codec import Event
-from events.messages import MigrationOrder, NodeCommand, NodeVerb
-from events.migration import (
+from events.jetstream.streams import get_key, work_consumer, work_consumer_config
+from events.jetstream.transient import is_transient, retry_until_stopped
+from events.language.codec import Event
+from events.language.kinds.migration import (
     MigrationAbortRequested,
     MigrationPhaseChanged,
     MigrationTargetScheduled,
 )
-from events.nodes import NodeRegistered
-from events.streams import get_key, work_consumer, work_consumer_config
-from events.subjects import Layout, split_aggregate_id
-from events.transient import is_transient, retry_until_stopped
-from events.vm import (
+from events.language.kinds.nodes import NodeRegistered
+from events.language.kinds.vm import (
     NODE_UNRESPONSIVE,
     VirtualMachineInstanceDeletionRequested,
     VirtualMachineInstanceNodeAction,
     VirtualMachineInstancePhaseChanged,
     VirtualMachineInstanceScheduled,
 )
+from events.language.messages import MigrationOrder, NodeCommand, NodeVerb
+from events.language.subjects import Layout, split_aggregate_id
+from events.runtime.aio import unless_stopped
 from projections.cluster import ClusterState
 from projections.migration import MigrationView
 from projections.views import VirtualMachineInstanceView
@@ -103,10 +103,10 @@ _decode_names = msgspec.json.Decoder(_Names).decode
 
 
 class WorkConsumers:
-    """Each node's work consumer (`events.streams.work_consumer_config`), made by the control
-    plane. No node agent may create or update a consumer: the create request's body, which
-    no permission sees, could make its consumer a push consumer, publishing the node's work
-    in the store's account on a subject of the agent's choosing."""
+    """Each node's work consumer (`events.jetstream.streams.work_consumer_config`), made
+    by the control plane. No node agent may create or update a consumer: the create
+    request's body, which no permission sees, could make its consumer a push consumer,
+    publishing the node's work in the store's account on a subject of the agent's choosing."""
 
     def __init__(self, nc: Client, layout: Layout) -> None:
         self.nc = nc

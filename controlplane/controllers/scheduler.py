@@ -25,11 +25,11 @@ from controlplane.scheduling.facts import demand_of
 from controlplane.scheduling.ledger import Ledger
 from events.api.hco import NodePlacement
 from events.api.resources import ClusterTuning
-from events.codec import Event
-from events.messages import Command
-from events.nodes import NODE_KIND
-from events.subjects import split_aggregate_id
-from events.vm import VMI_KIND
+from events.language.codec import Event
+from events.language.kinds.nodes import NODE_KIND
+from events.language.kinds.vm import VMI_KIND
+from events.language.messages import Command
+from events.language.subjects import split_aggregate_id
 from projections.cluster import ClusterState
 from projections.hco import HCO_VIEW_KINDS, cluster_tuning, effective_kubevirt
 from projections.views import NodeView, View, VirtualMachineInstanceView

@@ -8,9 +8,9 @@ import msgspec
 
 from controlplane.handling import Decision, Rejected, handles
 from controlplane.node.commands import existing_node
-from events.migration import VirtualMachineInstanceEvacuationRequested
-from events.nodes import NodeDrained, NodeDrainRequested
-from events.vm import VMI_KIND
+from events.language.kinds.migration import VirtualMachineInstanceEvacuationRequested
+from events.language.kinds.nodes import NodeDrained, NodeDrainRequested
+from events.language.kinds.vm import VMI_KIND
 from projections.views import VirtualMachineInstanceView
 
 

@@ -27,12 +27,12 @@ from controlplane.controllers.scheduler import workload_placement
 from controlplane.scheduling.selectors import tolerates
 from events.api.hco import NodePlacement
 from events.api.scheduling import Taint
-from events.codec import Event
-from events.messages import Command
-from events.migration import MIGRATION_KIND
-from events.nodes import NODE_KIND
-from events.subjects import split_aggregate_id
-from events.vm import VMI_KIND
+from events.language.codec import Event
+from events.language.kinds.migration import MIGRATION_KIND
+from events.language.kinds.nodes import NODE_KIND
+from events.language.kinds.vm import VMI_KIND
+from events.language.messages import Command
+from events.language.subjects import split_aggregate_id
 from projections.cluster import ClusterState
 from projections.eviction import eviction_strategy, migrating
 from projections.hco import HCO_VIEW_KINDS

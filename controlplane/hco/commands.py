@@ -30,12 +30,13 @@ from controlplane.hco.validation import check_uninstall, validate_hco
 from events.api import hco_defaults as d
 from events.api.base import ObjectMeta
 from events.api.domain import CPU
+from events.api.errors import InvalidSpec
 from events.api.hco import Condition, HyperConverged, OperandObject
 from events.api.vm import VirtualMachineInstanceSpec
 from events.api.vmi_defaults import DEFAULT_POD_BINDING
-from events.codec import now
-from events.errors import InvalidSpec
-from events.hco import (
+from events.language.codec import now
+from events.language.ids import random_uuid
+from events.language.kinds.hco import (
     HyperConvergedCreated,
     HyperConvergedDeleted,
     HyperConvergedStatusChanged,
@@ -48,8 +49,7 @@ from events.hco import (
     hco_id,
     operand_id,
 )
-from events.ids import random_uuid
-from events.vm import VM_KIND, VirtualMachineDeleted
+from events.language.kinds.vm import VM_KIND, VirtualMachineDeleted
 from projections.hco import HyperConvergedView, OperandView
 from projections.views import VirtualMachineView, iso
 

@@ -28,10 +28,16 @@ from controlplane.hco.desired import desired_operands, pending_write
 from controlplane.hco.operands import OPERANDS, ClusterInfo
 from events.api import hco_defaults as d
 from events.api.hco import Condition, HyperConverged
-from events.codec import Event
-from events.hco import HCO_KIND, OPERAND_TOKENS, JsonPatchFailure, hco_id, operand_id
-from events.messages import Command
-from events.nodes import NODE_KIND
+from events.language.codec import Event
+from events.language.kinds.hco import (
+    HCO_KIND,
+    OPERAND_TOKENS,
+    JsonPatchFailure,
+    hco_id,
+    operand_id,
+)
+from events.language.kinds.nodes import NODE_KIND
+from events.language.messages import Command
 from projections.cluster import ClusterState
 from projections.hco import OperandView, hyperconverged
 

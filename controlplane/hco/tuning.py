@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass
 
 from events.api import hco_defaults as d
+from events.api.errors import InvalidSpec
 from events.api.hco import HyperConverged
-from events.errors import InvalidSpec
 
 _FIELD = "spec.tuningPolicy"
 

@@ -23,8 +23,8 @@ from typing import Literal
 from controlplane.hco import jsonpatch, tuning
 from controlplane.hco.duration import parse_go_duration
 from events.api import hco_defaults as d
+from events.api.errors import InvalidSpec
 from events.api.hco import HyperConverged, HyperConvergedSpec
-from events.errors import InvalidSpec
 
 _MIN_CERT = parse_go_duration(d.MIN_CERT_DURATION)
 _QUANTITY = re.compile(

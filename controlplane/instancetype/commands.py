@@ -14,16 +14,16 @@ from events.api.instancetype import (
     VirtualMachineInstancetype,
     VirtualMachinePreference,
 )
-from events.codec import Event
-from events.ids import random_uuid
-from events.instancetype import (
+from events.language.codec import Event
+from events.language.ids import random_uuid
+from events.language.kinds.instancetype import (
     KIND_TOKENS,
     VirtualMachineInstancetypeApplied,
     VirtualMachineInstancetypeDeleted,
     VirtualMachinePreferenceApplied,
     VirtualMachinePreferenceDeleted,
 )
-from events.subjects import aggregate_id
+from events.language.subjects import aggregate_id
 from projections.instancetype import InstancetypeView
 
 Submitted = (VirtualMachineInstancetype | VirtualMachineClusterInstancetype

@@ -17,6 +17,7 @@ import msgspec
 
 from events.api.base import ObjectMeta
 from events.api.domain import Quantity
+from events.api.errors import InvalidSpec
 from events.api.instancetype import (
     THREADS_PER_CORE,
     VirtualMachineInstancetypeSpec,
@@ -27,7 +28,6 @@ from events.api.instancetype import (
 from events.api.resources import quantity
 from events.api.unsupported import UNAPPLIED_PREFERENCES_ANNOTATION
 from events.api.vm import VirtualMachineInstanceSpec
-from events.errors import InvalidSpec
 
 CONFLICT_RULE: Final = "VM field(s) {} conflicts with selected instance type"
 """KubeVirt's message (`conflict.conflictsErrorFmt`)."""

@@ -12,8 +12,8 @@ from typing import Any, Final
 
 import msgspec
 
+from events.api.errors import InvalidSpec
 from events.api.vm import Matcher, VirtualMachine
-from events.errors import InvalidSpec
 
 IGNORE: Final = "Ignore"
 FAILURE_POLICIES: Final = (IGNORE, "Reject")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Final
 
+from events.api.errors import InvalidSpec
 from events.api.instancetype import (
     THREADS_PER_CORE,
     VirtualMachineInstancetypeSpec,
@@ -16,7 +17,6 @@ from events.api.instancetype import (
 )
 from events.api.resources import quantity
 from events.api.vm import VirtualMachineInstanceSpec
-from events.errors import InvalidSpec
 
 DEFAULT_ARCHITECTURE: Final = "amd64"
 """What KubeVirt's defaulting gives a VMI that names no architecture (on amd64 clusters)."""

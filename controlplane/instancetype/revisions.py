@@ -24,6 +24,7 @@ from controlplane.instancetype.infer import FAILURE_POLICIES, with_inferred_matc
 from controlplane.instancetype.mutate import with_preferred_defaults
 from controlplane.instancetype.requirements import check_requirements, check_spread
 from events.api.base import ObjectMeta
+from events.api.errors import InvalidSpec
 from events.api.instancetype import (
     CLUSTER_INSTANCETYPE,
     CLUSTER_PREFERENCE,
@@ -34,15 +35,14 @@ from events.api.instancetype import (
 )
 from events.api.validation import validate_vmi_spec
 from events.api.vm import Matcher, VirtualMachine
-from events.errors import InvalidSpec
-from events.instancetype import (
+from events.language.kinds.instancetype import (
     KIND_TOKENS,
     REVISION_TOKEN,
     ControllerRevisionCreated,
     ControllerRevisionDeleted,
     VirtualMachineRevisionsPinned,
 )
-from events.subjects import aggregate_id
+from events.language.subjects import aggregate_id
 from projections.cluster import ClusterState
 from projections.instancetype import ControllerRevisionView, InstancetypeView
 from projections.views import VirtualMachineView

@@ -37,9 +37,8 @@ from controlplane.migration.config import migration_config
 from controlplane.vmi.commands import agent_version
 from events.api.base import ObjectMeta
 from events.api.migration import KIND, VirtualMachineInstanceMigration
-from events.ids import random_uuid
-from events.messages import MigrationObservation, MigrationOrder, node_actor
-from events.migration import (
+from events.language.ids import random_uuid
+from events.language.kinds.migration import (
     MIGRATION_KIND,
     MigrationAbortRequested,
     MigrationCreated,
@@ -53,8 +52,9 @@ from events.migration import (
     VirtualMachineInstanceMigrationFailed,
     VirtualMachineInstanceMigrationStarted,
 )
-from events.subjects import aggregate_id
-from events.vm import VM_KIND, VMI_KIND
+from events.language.kinds.vm import VM_KIND, VMI_KIND
+from events.language.messages import MigrationObservation, MigrationOrder, node_actor
+from events.language.subjects import aggregate_id
 from projections.migratable import migration_data_bytes, not_migratable
 from projections.migration import MigrationView
 from projections.views import VirtualMachineInstanceView, VirtualMachineView

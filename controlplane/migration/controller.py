@@ -32,12 +32,12 @@ from controlplane.scheduling.facts import Demand, demand_of
 from controlplane.scheduling.ledger import Ledger
 from events.api.migration import KIND
 from events.api.scheduling import LABEL_HOSTNAME, NodeSelectorRequirement, NodeSelectorTerm
-from events.codec import Event
-from events.messages import Command
-from events.migration import MIGRATION_KIND, PRIORITIES
-from events.nodes import NODE_KIND
-from events.subjects import split_aggregate_id
-from events.vm import VMI_KIND
+from events.language.codec import Event
+from events.language.kinds.migration import MIGRATION_KIND, PRIORITIES
+from events.language.kinds.nodes import NODE_KIND
+from events.language.kinds.vm import VMI_KIND
+from events.language.messages import Command
+from events.language.subjects import split_aggregate_id
 from projections.cluster import ClusterState
 from projections.hco import HCO_VIEW_KINDS, cluster_tuning, effective_kubevirt
 from projections.migration import MigrationView

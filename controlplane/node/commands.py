@@ -11,10 +11,10 @@ import msgspec
 
 from controlplane.aggregate import Aggregate
 from controlplane.handling import Decision, Rejected, handles
+from events.api.errors import InvalidSpec
 from events.api.node import LabelBody, NodeInfo, TaintBody
 from events.api.scheduling import label_key_problem, label_value_problem
-from events.errors import InvalidSpec
-from events.nodes import (
+from events.language.kinds.nodes import (
     NODE_KIND,
     NodeCordoned,
     NodeInfoChanged,
@@ -25,7 +25,7 @@ from events.nodes import (
     NodeTaintsChanged,
     NodeUncordoned,
 )
-from events.subjects import aggregate_id
+from events.language.subjects import aggregate_id
 from projections.views import NodeView
 
 KIND = "Node"

@@ -44,11 +44,11 @@ from controlplane.defaults import (
     NODE_MONITOR_GRACE_SECONDS,
 )
 from controlplane.node.disruption import Evictions
-from events.aio import unless_stopped
-from events.messages import Command
-from events.subjects import Layout, decode_token
-from events.transient import describe
-from events.vm import NODE_UNRESPONSIVE
+from events.jetstream.transient import describe
+from events.language.kinds.vm import NODE_UNRESPONSIVE
+from events.language.messages import Command
+from events.language.subjects import Layout, decode_token
+from events.runtime.aio import unless_stopped
 from projections.cluster import ClusterState
 
 log = structlog.get_logger(__name__)

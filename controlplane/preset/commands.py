@@ -30,13 +30,13 @@ from events.api.domain import Clock, DomainSpec
 from events.api.replicaset import PRESET, VirtualMachineInstancePreset
 from events.api.scheduling import selector_matches
 from events.api.vm import API_VERSION, VirtualMachineInstanceSpec
-from events.ids import random_uuid
-from events.preset import (
+from events.language.ids import random_uuid
+from events.language.kinds.preset import (
     PRESET_KIND,
     VirtualMachineInstancePresetApplied,
     VirtualMachineInstancePresetDeleted,
 )
-from events.subjects import aggregate_id
+from events.language.subjects import aggregate_id
 from projections.replicaset import PresetView
 
 log = structlog.get_logger(__name__)

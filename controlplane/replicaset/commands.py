@@ -18,12 +18,12 @@ from controlplane.handling import Decision, Rejected, handles
 from controlplane.preset.commands import presets_in
 from controlplane.vmi.commands import create, request_deletion
 from events.api.base import ObjectMeta
+from events.api.errors import InvalidSpec
 from events.api.manifest import check_dns1123_label
 from events.api.replicaset import REPLICA_SET, ScaleBody, VirtualMachineInstanceReplicaSet
 from events.api.scheduling import selector_matches
-from events.errors import InvalidSpec
-from events.ids import random_uuid
-from events.replicaset import (
+from events.language.ids import random_uuid
+from events.language.kinds.replicaset import (
     REPLICA_SET_KIND,
     ReplicaSetApplied,
     ReplicaSetDeleted,
@@ -31,8 +31,12 @@ from events.replicaset import (
     ReplicaSetReplicaFailureCleared,
     ReplicaSetScaled,
 )
-from events.subjects import aggregate_id
-from events.vm import VMI_KIND, VirtualMachineInstanceAdopted, VirtualMachineInstanceReleased
+from events.language.kinds.vm import (
+    VMI_KIND,
+    VirtualMachineInstanceAdopted,
+    VirtualMachineInstanceReleased,
+)
+from events.language.subjects import aggregate_id
 from projections.replicaset import ReplicaSetView
 from projections.views import VirtualMachineInstanceView
 

@@ -47,13 +47,13 @@ from controlplane.controllers import derived_command
 from controlplane.defaults import REPLICA_SET_BURST_REPLICAS
 from events.api.replicaset import REPLICA_SET
 from events.api.scheduling import selector_matches
-from events.codec import Event
-from events.hco import OPERAND_TOKENS
-from events.messages import Command
-from events.preset import PRESET_KIND
-from events.replicaset import REPLICA_SET_KIND
-from events.subjects import split_aggregate_id
-from events.vm import VMI_KIND
+from events.language.codec import Event
+from events.language.kinds.hco import OPERAND_TOKENS
+from events.language.kinds.preset import PRESET_KIND
+from events.language.kinds.replicaset import REPLICA_SET_KIND
+from events.language.kinds.vm import VMI_KIND
+from events.language.messages import Command
+from events.language.subjects import split_aggregate_id
 from projections.cluster import STARTING_PHASES, ClusterState
 from projections.hco import operand
 from projections.replicaset import ReplicaSetView

@@ -24,11 +24,13 @@ from nats.errors import NoRespondersError, NoServersError
 from controlplane.context import resolve
 from controlplane.defaults import TEST_DRIVER_URI
 from controlplane.user.client import Client, CommandRejected
+from events.api.errors import Forbidden, InvalidSpec, NotFound
 from events.api.manifest import parse_documents
 from events.api.node import TaintKey
 from events.api.replicaset import DEFAULT_REPLICAS, PRESET, REPLICA_SET
 from events.api.scheduling import TAINT_EFFECTS, Taint
-from events.connect import (
+from events.authorization.policy import CLUSTER_SCOPED, resource_of
+from events.jetstream.connect import (
     NATS_FAILURES,
     NATS_URL_ENV,
     PREFIX_ENV,
@@ -36,12 +38,10 @@ from events.connect import (
     describe,
     shown,
 )
-from events.directget import read_all, sequence
-from events.errors import Forbidden, InvalidSpec, NotFound
-from events.logs import configure
-from events.messages import SimReply, SimRequest
-from events.policy import CLUSTER_SCOPED, resource_of
-from events.subjects import DEFAULT_PREFIX, decode_token
+from events.jetstream.directget import read_all, sequence
+from events.language.messages import SimReply, SimRequest
+from events.language.subjects import DEFAULT_PREFIX, decode_token
+from events.runtime.logs import configure
 from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY
 from projections.instancetype import INSTANCETYPE_KINDS
 from projections.query import resolve_kind

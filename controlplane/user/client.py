@@ -30,23 +30,25 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from controlplane.defaults import COMMAND_AWAIT_TIMEOUT_SECONDS
+from events.api.errors import Forbidden, InvalidSpec, NotFound, TooManyRequests
 from events.api.manifest import decode_object
 from events.api.node import LabelBody, TaintBody, TaintKey
 from events.api.replicaset import REPLICA_SET, ScaleBody
 from events.api.scheduling import Taint
-from events.codec import Event
-from events.connect import Access, connect, url_user
-from events.directget import read_all
-from events.errors import Forbidden, InvalidSpec, NotFound, TooManyRequests
-from events.ids import random_uuid
-from events.messages import (
+from events.jetstream.connect import Access, connect, url_user
+from events.jetstream.directget import read_all
+from events.jetstream.requests import js_publish
+from events.jetstream.transient import retry_within
+from events.language.codec import Event
+from events.language.ids import random_uuid
+from events.language.messages import (
     Command,
     Outcome,
     check_envelope,
     marker_aggregate,
     outcome_key,
 )
-from events.query import (
+from events.language.query import (
     FORBIDDEN,
     NOT_FOUND,
     TOO_MANY_REQUESTS,
@@ -63,9 +65,7 @@ from events.query import (
     WatchQuery,
     ask_verb,
 )
-from events.requests import js_publish
-from events.subjects import DEFAULT_PREFIX, Layout, encode_token
-from events.transient import retry_within
+from events.language.subjects import DEFAULT_PREFIX, Layout, encode_token
 from projections.cluster import ClusterState
 from projections.eviction import DrainProgress, drain_progress
 from projections.follower import first_outcome, follow

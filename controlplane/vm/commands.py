@@ -38,9 +38,8 @@ from controlplane.feature_gates import VM_METADATA_PATH, VM_SPEC_PATH, admit_by_
 from controlplane.handling import Decision, Rejected, handles
 from controlplane.instancetype.revisions import admitted_vm, delete_revisions
 from events.api.vm import VirtualMachine
-from events.ids import random_uuid
-from events.subjects import aggregate_id
-from events.vm import (
+from events.language.ids import random_uuid
+from events.language.kinds.vm import (
     VM_KIND,
     VMI_KIND,
     StateChange,
@@ -53,6 +52,7 @@ from events.vm import (
     VirtualMachineStateChangeRequested,
     VirtualMachineUpdated,
 )
+from events.language.subjects import aggregate_id
 from projections.cluster import pending_state_changes
 from projections.views import (
     RESTARTING_STRATEGIES,

@@ -38,13 +38,13 @@ from typing import Final
 
 from controlplane.controllers import derived_command
 from controlplane.instancetype.revisions import referenced_versions
-from events.codec import Event
-from events.hco import OPERAND_TOKENS
-from events.instancetype import KIND_TOKENS as INSTANCETYPE_TOKENS
-from events.messages import Command
-from events.preset import PRESET_KIND
-from events.subjects import aggregate_id, split_aggregate_id
-from events.vm import VM_KIND, VMI_KIND
+from events.language.codec import Event
+from events.language.kinds.hco import OPERAND_TOKENS
+from events.language.kinds.instancetype import KIND_TOKENS as INSTANCETYPE_TOKENS
+from events.language.kinds.preset import PRESET_KIND
+from events.language.kinds.vm import VM_KIND, VMI_KIND
+from events.language.messages import Command
+from events.language.subjects import aggregate_id, split_aggregate_id
 from projections.cluster import ClusterState
 from projections.hco import operand
 from projections.views import (

@@ -18,19 +18,17 @@ from controlplane.preset.commands import fill, presets_in
 from controlplane.vm.commands import KIND as VM_KIND_NAME
 from controlplane.vm.commands import load_vm
 from events.api.base import ObjectMeta
+from events.api.errors import InvalidSpec
 from events.api.vm import (
     VirtualMachineInstance,
     VirtualMachineInstanceNetworkInterface,
     VirtualMachineInstanceSpec,
 )
 from events.api.vmi_defaults import POD_BINDINGS, with_pod_interface
-from events.errors import InvalidSpec
-from events.ids import random_uuid
-from events.messages import DomainObservation, InterfacesObservation, node_actor
-from events.nodes import NODE_KIND
-from events.preset import VirtualMachineInstancePresetConflicted
-from events.subjects import aggregate_id
-from events.vm import (
+from events.language.ids import random_uuid
+from events.language.kinds.nodes import NODE_KIND
+from events.language.kinds.preset import VirtualMachineInstancePresetConflicted
+from events.language.kinds.vm import (
     PAUSED_USER_REQUESTED,
     VM_KIND,
     VMI_KIND,
@@ -48,6 +46,8 @@ from events.vm import (
     VirtualMachineInstanceUnschedulable,
     VirtualMachineStartRequestDone,
 )
+from events.language.messages import DomainObservation, InterfacesObservation, node_actor
+from events.language.subjects import aggregate_id
 from projections.replicaset import PresetView
 from projections.views import (
     TERMINAL_PHASES,

@@ -12,10 +12,10 @@ from controlplane.handling import Decision, Rejected, handles
 from controlplane.hco.commands import KUBEVIRT_CR_ID
 from controlplane.vmi.commands import request_deletion
 from controlplane.workloadupdate.config import workload_update_config
-from events.codec import now
-from events.migration import WORKLOAD_UPDATE_KIND, WorkloadEvictionBatch
-from events.subjects import aggregate_id
-from events.vm import VMI_KIND
+from events.language.codec import now
+from events.language.kinds.migration import WORKLOAD_UPDATE_KIND, WorkloadEvictionBatch
+from events.language.kinds.vm import VMI_KIND
+from events.language.subjects import aggregate_id
 from projections.hco import OperandView
 from projections.migration import WorkloadUpdateView
 from projections.views import VirtualMachineInstanceView

@@ -21,12 +21,12 @@ from datetime import datetime
 
 from controlplane.controllers import derived_command
 from controlplane.workloadupdate.config import WorkloadUpdateConfig, workload_update_config
-from events.codec import Event
-from events.messages import Command
-from events.migration import MIGRATION_KIND
-from events.nodes import NODE_KIND
-from events.subjects import split_aggregate_id
-from events.vm import VMI_KIND
+from events.language.codec import Event
+from events.language.kinds.migration import MIGRATION_KIND
+from events.language.kinds.nodes import NODE_KIND
+from events.language.kinds.vm import VMI_KIND
+from events.language.messages import Command
+from events.language.subjects import split_aggregate_id
 from projections.cluster import ClusterState, outdated_launcher
 from projections.eviction import migrating
 from projections.hco import HCO_VIEW_KINDS, effective_kubevirt

@@ -27,9 +27,9 @@ from events.api.domain import (
     Quantity,
     Timer,
 )
+from events.api.errors import InvalidSpec
 from events.api.manifest import check_dns1123_subdomain, register_kind
 from events.api.resources import quantity
-from events.errors import InvalidSpec
 
 GROUP: Final = "instancetype.kubevirt.io"
 API_VERSIONS: Final = tuple(f"{GROUP}/{v}" for v in ("v1beta1", "v1alpha2", "v1alpha1"))

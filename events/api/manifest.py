@@ -10,7 +10,8 @@ import msgspec
 import msgspec.inspect
 import yaml
 
-from events.api.base import ApiStruct
+from events.api.base import DNS1123_LABEL, ApiStruct
+from events.api.errors import InvalidSpec
 from events.api.validation import (
     DNS1123_LABEL_MAX,
     DNS1123_LABEL_RULE,
@@ -26,8 +27,6 @@ from events.api.vm import (
     VirtualMachine,
     VirtualMachineInstance,
 )
-from events.errors import InvalidSpec
-from events.subjects import DNS1123_LABEL
 
 
 def check_dns1123_label(field: str, value: str) -> None:

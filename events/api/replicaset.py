@@ -9,11 +9,11 @@ import msgspec
 
 from events.api.base import ApiStruct, ObjectMeta
 from events.api.domain import DomainSpec
+from events.api.errors import InvalidSpec
 from events.api.manifest import register_kind
 from events.api.scheduling import LabelSelector, selector_matches
 from events.api.validation import validate_vmi_spec
 from events.api.vm import API_VERSION, VirtualMachineInstanceTemplateSpec
-from events.errors import InvalidSpec
 
 PRESET: Final = "VirtualMachineInstancePreset"
 REPLICA_SET: Final = "VirtualMachineInstanceReplicaSet"

@@ -13,10 +13,10 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
+from events.api.base import DNS1123_LABEL
+from events.api.errors import InvalidSpec
 from events.api.resources import cpu_topology, quantity
 from events.api.vmi_defaults import DISK_BUS
-from events.errors import InvalidSpec
-from events.subjects import DNS1123_LABEL
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from events.api.domain import CPUFeature, Disk, Empty, Interface
-from events.errors import InvalidSpec
+from events.api.errors import InvalidSpec
 
 if TYPE_CHECKING:
     from events.api.domain import CPU, Devices, FeatureHyperv, Volume

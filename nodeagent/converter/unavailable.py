@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from events.api.errors import VirtbusError
 from events.api.unsupported import unmet_needs
-from events.errors import VirtbusError
 
 if TYPE_CHECKING:
     from events.api.validation import VMISpecLike

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from events.errors import InvalidSpec
+from events.api.errors import InvalidSpec
 from nodeagent.network.tools import NetworkError
 
 if TYPE_CHECKING:

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from events.aio import pause_unless_stopped
+from events.api.errors import InvalidSpec
 from events.api.vm import INFO_SOURCE_DOMAIN, VirtualMachineInstanceNetworkInterface
-from events.errors import InvalidSpec
+from events.runtime.aio import pause_unless_stopped
 from nodeagent.converter.context import HostInterface
 from nodeagent.defaults import INTERFACES_POLL_SECONDS
 from nodeagent.network import links, masquerade

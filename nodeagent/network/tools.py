@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 from typing import Final
 
-from events.errors import VirtbusError
+from events.api.errors import VirtbusError
 
 PACKAGES: Final = {"ip": "iproute2", "dnsmasq": "dnsmasq-base", "dhcp_release": "dnsmasq-utils",
                    "nft": "nftables"}

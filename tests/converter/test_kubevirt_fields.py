@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from controlplane.feature_gates import check_feature_gates
+from events.api.errors import InvalidSpec
 from events.api.manifest import decode_object
 from events.api.resources import vmi_resources
 from events.api.vm import VirtualMachineInstance
-from events.errors import InvalidSpec
 from nodeagent.converter.unavailable import NotOnThisNode
 from nodeagent.domxml import main_domxml, render_manifest
 from tests.converter.test_validation import DOMAIN, patched

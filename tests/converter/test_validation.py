@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from events.api.errors import InvalidSpec
 from events.api.manifest import decode_object
-from events.errors import InvalidSpec
 from nodeagent.domxml import render_manifest
 
 BASE: dict[str, Any] = {

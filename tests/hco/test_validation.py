@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from controlplane.hco.validation import check_uninstall, validate_hco
+from events.api.errors import InvalidSpec
 from events.api.hco import HyperConverged, HyperConvergedSpec
-from events.errors import InvalidSpec
 from tests.hco.manifests import load, spec
 
 

@@ -16,8 +16,8 @@ import nats
 import pytest
 
 from controlplane.writer import Writer
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.jetstream.streams import ensure_all
+from events.language.subjects import Layout
 from nodeagent.phases import Observation
 from nodeagent.virterror import quiet_libvirt_errors
 from nodeagent.watcher import LifecycleWatcher, start_event_loop

@@ -16,8 +16,8 @@ from nats.js.client import JetStreamContext
 
 from controlplane.controllers.dispatcher import WorkConsumers
 from controlplane.writer import Writer
-from events.messages import Command, DomainObservation, NodeCommand, NodeReport
-from events.subjects import Layout
+from events.language.messages import Command, DomainObservation, NodeCommand, NodeReport
+from events.language.subjects import Layout
 from nodeagent.agent import AgentConfig, NodeAgent, VMIRef
 
 WAIT_SECONDS = 20.0

@@ -23,7 +23,8 @@ import pytest
 from controlplane.hco.controller import HCOController
 from events.api import hco_defaults
 from events.api.resources import KVM_DEVICE, TUN_DEVICE, _quantity_parser
-from events.messages import (
+from events.jetstream.streams import ensure_all
+from events.language.messages import (
     Command,
     DomainObservation,
     NodeCommand,
@@ -31,9 +32,8 @@ from events.messages import (
     SimRequest,
     node_actor,
 )
-from events.query import Query, ask
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.language.query import Query, ask
+from events.language.subjects import Layout
 from nodeagent import lifecycle
 from nodeagent.agent import AgentConfig, NodeAgent, VMIRef
 from nodeagent.converter import convert

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from events.directget import read_all
-from events.streams import CONSOLE_CHUNK_BYTES
+from events.jetstream.directget import read_all
+from events.jetstream.streams import CONSOLE_CHUNK_BYTES
 from nodeagent.console import ConsoleLog, ConsolePublisher
 from nodeagent.converter.console import SERIAL_LOG
 from nodeagent.vmiref import VMIRef

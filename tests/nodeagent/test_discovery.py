@@ -5,6 +5,7 @@ from __future__ import annotations
 import libvirt
 import pytest
 
+from events.api.errors import InvalidSpec
 from events.api.hco_defaults import HARDCODED_OBSOLETE_CPU_MODELS
 from events.api.node import (
     CPU_FEATURE_LABEL,
@@ -16,7 +17,6 @@ from events.api.node import (
     kib_quantity,
 )
 from events.api.resources import KVM_DEVICE, TUN_DEVICE
-from events.errors import InvalidSpec
 from nodeagent.discovery import DiscoveryConfig, discover_host, host_fingerprint
 from nodeagent.hostcpu import CpuMap, from_domain_capabilities
 

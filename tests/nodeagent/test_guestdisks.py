@@ -15,7 +15,7 @@ import msgspec
 import pycdlib
 import pytest
 
-from events.errors import InvalidSpec
+from events.api.errors import InvalidSpec
 from nodeagent import guestdisks
 from nodeagent.domxml import parse_manifest
 from nodeagent.imagestore import ImageMissing, ImageStore

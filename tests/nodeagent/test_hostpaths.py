@@ -18,7 +18,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from events.api.vm import VirtualMachineInstanceSpec
-from events.messages import NodeReport
+from events.language.messages import NodeReport
 from nodeagent import downwardmetrics
 from nodeagent.agent import VMIRef
 from nodeagent.converter import ConverterContext, convert

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from events.errors import InvalidSpec
+from events.api.errors import InvalidSpec
 from nodeagent.imagestore import ImageMissing, ImageStore, check_reference
 
 FIELD = "spec.volumes[0].containerDisk.image"

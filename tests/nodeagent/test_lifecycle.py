@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import libvirt
 import pytest
 
-from events.errors import Conflict, InvalidSpec, NotFound
+from events.api.errors import Conflict, InvalidSpec, NotFound
 from nodeagent.lifecycle import (
     SimulationRefused,
     StopOutcome,

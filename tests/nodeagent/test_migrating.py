@@ -25,7 +25,7 @@ import msgspec
 import pytest
 from nats.js.client import JetStreamContext
 
-from events.messages import (
+from events.language.messages import (
     SIMULATED_DIRTY_RATE_ANNOTATION,
     DomainObservation,
     MigrationObservation,

@@ -11,8 +11,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from events.api.errors import InvalidSpec
 from events.api.vm import VirtualMachineInstanceSpec
-from events.errors import InvalidSpec
 from nodeagent.converter import ConverterContext, convert
 from nodeagent.network.nics import NicTable, derived_mac, tap_name
 from nodeagent.network.node import check_bridge, host_interfaces, parse_subnet

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from events.messages import NodeReport
+from events.language.messages import NodeReport
 from nodeagent.phases import GuestPhase
 from tests.nodeagent.helpers import SPEC, Cluster, next_report, owned, start
 from tests.nodeagent.test_work import publish, worked_through

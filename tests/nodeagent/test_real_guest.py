@@ -30,7 +30,7 @@ import pytest
 from nats.js.api import ConsumerConfig
 from nats.js.client import JetStreamContext
 
-from events.messages import NodeCommand, NodeReport
+from events.language.messages import NodeCommand, NodeReport
 from nodeagent.converter import defaults as converter_defaults
 from nodeagent.converter.console import SERIAL_LOG
 from nodeagent.imagestore import ImageStore

@@ -38,8 +38,8 @@ from nats.js.client import JetStreamContext
 
 from controlplane.intake import report_command
 from events.api.vm import INFO_SOURCE_DOMAIN
-from events.messages import NodeCommand, NodeReport, node_actor
-from events.query import Query, ask
+from events.language.messages import NodeCommand, NodeReport, node_actor
+from events.language.query import Query, ask
 from nodeagent.converter import defaults as converter_defaults
 from nodeagent.converter.console import SERIAL_LOG
 from nodeagent.imagestore import ImageStore

@@ -16,9 +16,9 @@ import pytest
 from nats.js.errors import KeyNotFoundError, NotFoundError
 from structlog.testing import capture_logs
 
-from events.messages import NodeReport, SimRequest
-from events.streams import ensure_all, work_consumer
-from events.subjects import encode_token
+from events.jetstream.streams import ensure_all, work_consumer
+from events.language.messages import NodeReport, SimRequest
+from events.language.subjects import encode_token
 from nodeagent import lifecycle
 from nodeagent.phases import GuestPhase
 from tests.nodeagent.helpers import Cluster, Running, next_report, start

@@ -20,8 +20,8 @@ import pytest
 from nats.js.errors import NotFoundError
 from structlog.testing import capture_logs
 
-from events.messages import NodeCommand, SimRequest
-from events.streams import WORK_MAX_DELIVER, work_consumer
+from events.jetstream.streams import WORK_MAX_DELIVER, work_consumer
+from events.language.messages import NodeCommand, SimRequest
 from nodeagent import lifecycle
 from nodeagent.agent import VMIRef
 from nodeagent.watcher import LifecycleWatcher

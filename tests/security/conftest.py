@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from events.authorization import ADMIN_USER, CONTROLPLANE_USER, PROJECTIONS_USER
-from events.connect import connect
-from events.policy import load_policy
-from events.server import EmbeddedNats
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.authorization.accounts import ADMIN_USER, CONTROLPLANE_USER, PROJECTIONS_USER
+from events.authorization.policy import load_policy
+from events.jetstream.connect import connect
+from events.jetstream.server import EmbeddedNats
+from events.jetstream.streams import ensure_all
+from events.language.subjects import Layout
 from projections.service import ReadService
 
 ROOT = Path(__file__).resolve().parents[2]

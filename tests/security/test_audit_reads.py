@@ -25,13 +25,13 @@ from nats.aio.client import Client as Nats
 
 from controlplane.user.client import Client
 from controlplane.writer import Writer
-from events.authorization import ADMIN_USER, CONTROLPLANE_USER, PROJECTIONS_USER
-from events.errors import Forbidden
-from events.messages import Command
-from events.policy import load_policy
-from events.query import FORBIDDEN, Answer, Query, query_subject
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.api.errors import Forbidden
+from events.authorization.accounts import ADMIN_USER, CONTROLPLANE_USER, PROJECTIONS_USER
+from events.authorization.policy import load_policy
+from events.jetstream.streams import ensure_all
+from events.language.messages import Command
+from events.language.query import FORBIDDEN, Answer, Query, query_subject
+from events.language.subjects import Layout
 from projections import http
 from projections.http import StaticTokens
 from projections.service import FORBIDDEN_REASON, MALFORMED, QUERIES_REFUSED, REDACTED, ReadService

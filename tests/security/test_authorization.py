@@ -4,9 +4,9 @@ namespace, or an editor of one, asks the read service (which filters and redacts
 
 from __future__ import annotations
 
-from events.authorization import users_for
-from events.policy import parse_policy
-from events.subjects import Layout
+from events.authorization.accounts import users_for
+from events.authorization.policy import parse_policy
+from events.language.subjects import Layout
 
 POLICY = """
 apiVersion: rbac.authorization.k8s.io/v1

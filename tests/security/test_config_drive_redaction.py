@@ -7,9 +7,9 @@ from __future__ import annotations
 import msgspec
 
 from events.api.manifest import decode_object
-from events.messages import node_actor
-from events.policy import Policy
-from events.query import Query
+from events.authorization.policy import Policy
+from events.language.messages import node_actor
+from events.language.query import Query
 from projections.service import REDACTED, visible
 
 SECRET = "#cloud-config\npassword: hunter2\n"

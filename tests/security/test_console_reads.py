@@ -12,9 +12,9 @@ import msgspec
 
 from controlplane.user.client import Client
 from controlplane.writer import Writer
-from events.messages import Command, DomainObservation, node_actor
-from events.query import FORBIDDEN, NOT_FOUND, ConsoleAnswer, ConsoleQuery, ask_verb
-from events.streams import CONSOLE_CHUNKS_PER_GUEST
+from events.jetstream.streams import CONSOLE_CHUNKS_PER_GUEST
+from events.language.messages import Command, DomainObservation, node_actor
+from events.language.query import FORBIDDEN, NOT_FOUND, ConsoleAnswer, ConsoleQuery, ask_verb
 from projections.console import CONSOLE_PAGE
 from tests.security.test_tenancy import Reads, reads
 from tests.system.harness import WAIT_SECONDS, eventually

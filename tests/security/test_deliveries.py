@@ -24,9 +24,9 @@ from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from controlplane.controllers.dispatcher import WorkConsumers
-from events.authorization import CONTROLPLANE_USER, PROJECTIONS_USER
-from events.directget import read_all
-from events.streams import work_consumer
+from events.authorization.accounts import CONTROLPLANE_USER, PROJECTIONS_USER
+from events.jetstream.directget import read_all
+from events.jetstream.streams import work_consumer
 from tests.security.conftest import WEB, Refusals, Store, refused
 from tests.system.harness import eventually
 

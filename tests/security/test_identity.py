@@ -21,12 +21,12 @@ import pytest
 from controlplane.intake import CommandIntake, ReportIntake, report_command
 from controlplane.user.client import Client
 from controlplane.writer import Writer
-from events.directget import read_all
-from events.messages import Command, DomainObservation, NodeReport
-from events.nodes import NODE_KIND
-from events.policy import Policy, load_policy, parse_policy
-from events.streams import ensure_all
-from events.subjects import Layout, aggregate_id
+from events.authorization.policy import Policy, load_policy, parse_policy
+from events.jetstream.directget import read_all
+from events.jetstream.streams import ensure_all
+from events.language.kinds.nodes import NODE_KIND
+from events.language.messages import Command, DomainObservation, NodeReport
+from events.language.subjects import Layout, aggregate_id
 from tests.store.helpers import node_info
 from tests.system.harness import eventually, topics_since, vm_manifest
 

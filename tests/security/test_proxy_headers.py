@@ -18,11 +18,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from controlplane.writer import Writer
-from events.connect import connect
-from events.messages import Command
-from events.policy import load_policy
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.authorization.policy import load_policy
+from events.jetstream.connect import connect
+from events.jetstream.streams import ensure_all
+from events.language.messages import Command
+from events.language.subjects import Layout
 from projections import http
 from projections.http import REMOTE_USER_HEADER
 from projections.service import ReadService

@@ -19,10 +19,11 @@ from structlog.testing import capture_logs
 
 from controlplane.user.client import Client
 from controlplane.writer import Writer
-from events.connect import connect
-from events.errors import InvalidSpec
-from events.messages import Command
-from events.query import (
+from events.api.errors import InvalidSpec
+from events.jetstream.connect import connect
+from events.jetstream.streams import ensure_all
+from events.language.messages import Command
+from events.language.query import (
     TOO_MANY_REQUESTS,
     Answer,
     HistoryAnswer,
@@ -32,8 +33,7 @@ from events.query import (
     WatchQuery,
     ask_verb,
 )
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.language.subjects import Layout
 from projections.ratelimit import AskerLimits, AuditLimit
 from projections.service import QUERIES_REFUSED, RATE_LIMITED, ReadService
 from tests.system.harness import eventually, vm_manifest

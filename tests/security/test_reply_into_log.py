@@ -22,16 +22,16 @@ from nats.js.api import StreamInfo
 
 import controlplane.writer  # noqa: F401  (registers the command handlers)
 from controlplane.handling import CommandHandler
-from events.codec import encode
-from events.connect import connect
-from events.datastore import TOPIC_HEADER, VERSION_HEADER, EventLog, JetStreamDatastore
-from events.directget import read_all
-from events.jetstream import JetStreamApplicationRecorder
-from events.messages import Command
-from events.query import Answer, Query, query_subject
-from events.streams import ensure_all
-from events.subjects import Layout, aggregate_id
-from events.vm import VM_KIND
+from events.jetstream.connect import connect
+from events.jetstream.datastore import TOPIC_HEADER, VERSION_HEADER, EventLog, JetStreamDatastore
+from events.jetstream.directget import read_all
+from events.jetstream.store import JetStreamApplicationRecorder
+from events.jetstream.streams import ensure_all
+from events.language.codec import encode
+from events.language.kinds.vm import VM_KIND
+from events.language.messages import Command
+from events.language.query import Answer, Query, query_subject
+from events.language.subjects import Layout, aggregate_id
 from projections.cluster import ClusterState
 from projections.follower import MISPLACED, NO_TOPIC, follow, read_event
 from projections.hco import METRICS_QUERY

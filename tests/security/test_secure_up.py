@@ -1,5 +1,5 @@
 """`virtbus up --secure` for real: TLS, one NATS identity per process, the JetStream assets in
-an account of their own and people and node agents in another (`events.authorization`).
+an account of their own and people and node agents in another (`events.authorization.accounts`).
 The operator applies a VM and sees it run and its history, and neither the server nor any
 process `up` started saw a permission refused: every process works under the split."""
 
@@ -22,8 +22,8 @@ import yaml
 from controlplane.context import Context
 from controlplane.secured import HTTP_TOKENS, OPERATOR_USER, SECURE_DIR
 from controlplane.user.client import Client
-from events.connect import CA_ENV, CREDENTIALS_ENV, NATS_URL_ENV
-from events.server import free_port
+from events.jetstream.connect import CA_ENV, CREDENTIALS_ENV, NATS_URL_ENV
+from events.jetstream.server import free_port
 from tests.system.harness import eventually, ready_nodes, vm_status, vmi_phase
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vm-cirros.yaml"

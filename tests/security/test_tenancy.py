@@ -17,11 +17,11 @@ import pytest
 from nats.aio.client import Client as Nats
 
 from controlplane.writer import Writer
-from events.messages import Command
-from events.policy import load_policy
-from events.query import FORBIDDEN, Answer, Query, ask
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.authorization.policy import load_policy
+from events.jetstream.streams import ensure_all
+from events.language.messages import Command
+from events.language.query import FORBIDDEN, Answer, Query, ask
+from events.language.subjects import Layout
 from projections.http import respond
 from projections.service import REDACTED, ReadService
 from tests.system.harness import eventually, vm_manifest

@@ -5,8 +5,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from nats.aio.client import Client as Nats
 
-from events.connect import connect
-from events.subjects import Layout
+from events.jetstream.connect import connect
+from events.language.subjects import Layout
 from tests.store.helpers import SyncHandler
 
 

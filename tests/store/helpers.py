@@ -9,13 +9,13 @@ from typing import Any
 
 import controlplane.writer  # noqa: F401  (registers the command handlers)
 from controlplane.handling import CommandHandler, Result
-from events.bridge import NatsBridge
-from events.codec import Event
-from events.datastore import EventLog, JetStreamDatastore
-from events.jetstream import JetStreamApplicationRecorder
-from events.messages import Command
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.jetstream.bridge import NatsBridge
+from events.jetstream.datastore import EventLog, JetStreamDatastore
+from events.jetstream.store import JetStreamApplicationRecorder
+from events.jetstream.streams import ensure_all
+from events.language.codec import Event
+from events.language.messages import Command
+from events.language.subjects import Layout
 from projections.cluster import ClusterState
 from projections.follower import follow
 

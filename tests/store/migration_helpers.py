@@ -11,7 +11,7 @@ import msgspec
 
 from controlplane.drain.controller import EvacuationController
 from controlplane.migration.controller import MigrationController
-from events.messages import Command, DomainObservation, MigrationObservation, node_actor
+from events.language.messages import Command, DomainObservation, MigrationObservation, node_actor
 from projections.cluster import render_vmi
 from projections.migration import MigrationView
 from projections.views import VirtualMachineInstanceView

@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 from controlplane.controllers.scheduler import Scheduler
-from events.messages import Command
+from events.language.messages import Command
 from projections.cluster import ClusterState, render_vmi
 from tests.store.helpers import SyncHandler, node_info, run, run_accepted
 from tests.store.test_feature_gates import apply, vmi

@@ -13,9 +13,9 @@ from structlog.testing import capture_logs
 
 from controlplane import announcer as announcer_module
 from controlplane.announcer import Announcer
-from events.messages import Outcome, outcome_key
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.jetstream.streams import ensure_all
+from events.language.messages import Outcome, outcome_key
+from events.language.subjects import Layout
 
 KEY = outcome_key("user:dana", "c1")
 TOLD = Outcome(command_id="c1", accepted=True, sequences=[7])

@@ -13,9 +13,9 @@ import msgspec
 
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
-from events.connect import connect
-from events.messages import Command, DomainObservation, node_actor
-from events.subjects import Layout
+from events.jetstream.connect import connect
+from events.language.messages import Command, DomainObservation, node_actor
+from events.language.subjects import Layout
 from projections.views import VirtualMachineInstanceView, VirtualMachineView
 from tests.store.helpers import SyncHandler, register_command
 from tests.system.harness import eventually, vm_manifest

@@ -15,10 +15,10 @@ from nats.aio.client import Client as Nats
 from nats.errors import ConnectionClosedError
 
 from controlplane.user.client import Client
-from events.connect import connect
-from events.messages import Command, Outcome, outcome_key
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.jetstream.connect import connect
+from events.jetstream.streams import ensure_all
+from events.language.messages import Command, Outcome, outcome_key
+from events.language.subjects import Layout
 from tests.system.harness import eventually
 
 ACTOR = "user:tess"

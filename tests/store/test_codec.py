@@ -11,18 +11,18 @@ import pytest
 from eventsourcing.persistence import MapperDeserialisationError, StoredEvent
 from eventsourcing.utils import Environment
 
-from events import codec
-from events.codec import EVENT_ID_NAMESPACE, EventMapper, decode, event_id
-from events.errors import InvalidSpec
-from events.jetstream import JetStreamFactory
-from events.subjects import (
+from events.api.errors import InvalidSpec
+from events.jetstream.store import JetStreamFactory
+from events.language import codec
+from events.language.codec import EVENT_ID_NAMESPACE, EventMapper, decode, event_id
+from events.language.kinds.vm import VirtualMachineInstanceScheduled
+from events.language.subjects import (
     Layout,
     aggregate_id,
     decode_token,
     encode_token,
     split_aggregate_id,
 )
-from events.vm import VirtualMachineInstanceScheduled
 
 AT = datetime(2026, 11, 21, 10, 2, tzinfo=UTC)
 

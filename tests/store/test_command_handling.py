@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import uuid
 
-from events.jetstream import JetStreamApplicationRecorder
-from events.messages import Command
+from events.jetstream.store import JetStreamApplicationRecorder
+from events.language.messages import Command
 from tests.store.helpers import SyncHandler
 from tests.system.harness import vm_manifest
 

@@ -13,9 +13,9 @@ from controlplane.hco.controller import HCOController
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
 from events.api import hco_defaults as d
-from events.connect import connect
-from events.messages import Command
-from events.subjects import Layout
+from events.jetstream.connect import connect
+from events.language.messages import Command
+from events.language.subjects import Layout
 from projections.hco import hyperconverged
 from tests.store.helpers import SyncHandler
 

@@ -15,10 +15,10 @@ from nats.aio.client import Client
 from controlplane.handling import Announce, Result, nobody
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
-from events.codec import Event
-from events.connect import connect
-from events.messages import Command
-from events.subjects import Layout
+from events.jetstream.connect import connect
+from events.language.codec import Event
+from events.language.messages import Command
+from events.language.subjects import Layout
 from projections.cluster import ClusterState
 from tests.store.helpers import SyncHandler
 from tests.system.harness import eventually, vm_manifest

@@ -7,7 +7,7 @@ import uuid
 
 from controlplane.controllers.scheduler import Scheduler
 from controlplane.vm.controller import VMController
-from events.messages import Command
+from events.language.messages import Command
 from projections.cluster import ClusterState
 from tests.store.helpers import SyncHandler, register_command, run_accepted
 from tests.system.harness import vm_manifest

@@ -14,8 +14,8 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError, SlowConsumerError
 from structlog.testing import capture_logs
 
-from events.connect import connect
-from events.directget import (
+from events.jetstream.connect import connect
+from events.jetstream.directget import (
     LOST_ASKS,
     MULTI_LAST_MAX,
     LastLookups,
@@ -23,10 +23,10 @@ from events.directget import (
     last_on,
     read_all,
 )
-from events.requests import requests
-from events.streams import ensure_all
-from events.subjects import Layout
-from events.transient import is_transient
+from events.jetstream.requests import requests
+from events.jetstream.streams import ensure_all
+from events.jetstream.transient import is_transient
+from events.language.subjects import Layout
 
 
 @pytest.fixture

@@ -19,11 +19,11 @@ from structlog.testing import capture_logs
 from controlplane.controllers.dispatcher import CHECKPOINT_KEY, Dispatcher, WorkConsumers
 from controlplane.loop import ControlLoop
 from controlplane.writer import Writer
-from events.connect import connect
-from events.directget import read_all, sequence
-from events.messages import Command, NodeCommand
-from events.streams import ensure_all, work_consumer, work_consumer_config
-from events.subjects import Layout
+from events.jetstream.connect import connect
+from events.jetstream.directget import read_all, sequence
+from events.jetstream.streams import ensure_all, work_consumer, work_consumer_config
+from events.language.messages import Command, NodeCommand
+from events.language.subjects import Layout
 from projections.cluster import ClusterState
 from projections.follower import read_event
 from tests.store.helpers import register_command

@@ -8,7 +8,7 @@ import uuid
 
 import msgspec
 
-from events.messages import Command, DomainObservation, node_actor
+from events.language.messages import Command, DomainObservation, node_actor
 from projections.eviction import drain_progress
 from tests.store.helpers import SyncHandler, run
 from tests.store.migration_helpers import MigratingCluster

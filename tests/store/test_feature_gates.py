@@ -21,10 +21,10 @@ from controlplane.feature_gates import (
 from controlplane.hco.controller import HCOController
 from controlplane.vm.controller import VMController
 from events.api import hco_defaults as d
+from events.api.errors import InvalidSpec
 from events.api.vm import VirtualMachineInstanceSpec
-from events.codec import Event, decode
-from events.errors import InvalidSpec
-from events.messages import Command
+from events.language.codec import Event, decode
+from events.language.messages import Command
 from projections.cluster import ClusterState
 from projections.hco import OperandView, effective_kubevirt
 from tests.store.helpers import SyncHandler, run

@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from events.codec import Event
-from events.connect import connect
-from events.messages import Command
-from events.subjects import Layout
+from events.jetstream.connect import connect
+from events.language.codec import Event
+from events.language.messages import Command
+from events.language.subjects import Layout
 from projections import follower
 from tests.store.helpers import SyncHandler, register
 

@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from events.connect import connect
-from events.datastore import AppendConflict, EventLog, Outgoing
-from events.groupcommit import GroupCommit
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.jetstream.connect import connect
+from events.jetstream.datastore import AppendConflict, EventLog, Outgoing
+from events.jetstream.groupcommit import GroupCommit
+from events.jetstream.streams import ensure_all
+from events.language.subjects import Layout
 
 
 class CountingLog(EventLog):

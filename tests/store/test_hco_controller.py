@@ -9,7 +9,7 @@ import uuid
 
 from controlplane.hco.controller import HCOController
 from events.api import hco_defaults as d
-from events.messages import Command
+from events.language.messages import Command
 from projections.cluster import ClusterState
 from projections.hco import OperandView, hyperconverged
 from tests.store.helpers import SyncHandler, run, run_accepted

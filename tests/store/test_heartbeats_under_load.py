@@ -15,10 +15,10 @@ import pytest
 from nats.aio.client import Client
 
 from controlplane.node.controller import NodeLifecycle
-from events.connect import connect
-from events.nodes import NODE_KIND
-from events.streams import ensure_all
-from events.subjects import Layout, aggregate_id, encode_token
+from events.jetstream.connect import connect
+from events.jetstream.streams import ensure_all
+from events.language.kinds.nodes import NODE_KIND
+from events.language.subjects import Layout, aggregate_id, encode_token
 from projections.cluster import ClusterState
 from projections.views import NodeView
 from tests.system.harness import eventually

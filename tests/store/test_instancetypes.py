@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from controlplane.vm.controller import VMController
-from events.messages import Command
-from events.policy import command_request, parse_policy
-from events.query import Query
+from events.authorization.policy import command_request, parse_policy
+from events.language.messages import Command
+from events.language.query import Query
 from projections.cluster import ClusterState
 from projections.http import respond
 from projections.rendering import render, render_view

@@ -22,19 +22,19 @@ from controlplane.intake import COMMANDS_CONSUMER, CommandIntake, Consumer
 from controlplane.user.actions import dead_letters
 from controlplane.user.client import Client
 from controlplane.writer import Writer
-from events.codec import encode
-from events.connect import connect
-from events.datastore import TOPIC_HEADER, VERSION_HEADER
-from events.directget import read_all, sequence
-from events.messages import (
+from events.jetstream.connect import connect
+from events.jetstream.datastore import TOPIC_HEADER, VERSION_HEADER
+from events.jetstream.directget import read_all, sequence
+from events.jetstream.streams import ensure_all
+from events.language.codec import encode
+from events.language.messages import (
     Command,
     Outcome,
     marker_aggregate,
     outcome_key,
     recorded_outcome,
 )
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.language.subjects import Layout
 from projections.follower import MISPLACED, NO_TOPIC, NOT_A_MARKER, read_event
 from tests.system.harness import topics_since, vm_manifest
 

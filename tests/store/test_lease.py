@@ -23,9 +23,9 @@ from structlog.testing import capture_logs
 from controlplane.lease import LEASE_KEY, Lease
 from controlplane.service import serve
 from events.api.resources import _quantity_parser
-from events.streams import LEASE_TTL, ensure_all, get_key
-from events.subjects import Layout
-from events.transient import is_transient
+from events.jetstream.streams import LEASE_TTL, ensure_all, get_key
+from events.jetstream.transient import is_transient
+from events.language.subjects import Layout
 from tests.system.harness import eventually
 
 

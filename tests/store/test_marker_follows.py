@@ -22,11 +22,11 @@ from nats.js.errors import KeyNotFoundError
 from controlplane.service import serve
 from controlplane.user.client import Client
 from controlplane.writer import Writer
-from events.datastore import OutcomeUnknown
-from events.directget import read_all, sequence
-from events.messages import Command, Outcome, marker_aggregate, outcome_key
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.jetstream.datastore import OutcomeUnknown
+from events.jetstream.directget import read_all, sequence
+from events.jetstream.streams import ensure_all
+from events.language.messages import Command, Outcome, marker_aggregate, outcome_key
+from events.language.subjects import Layout
 from projections.follower import first_outcome, read_event
 from tests.system.harness import vm_manifest
 

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from controlplane.writer import Writer
-from events.connect import connect
-from events.directget import read_all, sequence
-from events.messages import Command
-from events.streams import ensure_all
-from events.subjects import Layout
-from events.vm import VirtualMachineInstanceCreated
+from events.jetstream.connect import connect
+from events.jetstream.directget import read_all, sequence
+from events.jetstream.streams import ensure_all
+from events.language.kinds.vm import VirtualMachineInstanceCreated
+from events.language.messages import Command
+from events.language.subjects import Layout
 from projections.follower import read_event
 from tests.store.test_presets import APPLIED, preset, vmi
 from tests.store.test_write_path import Writers

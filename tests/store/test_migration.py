@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.controllers.dispatcher import Dispatcher
-from events.codec import decode
-from events.messages import Command
-from events.migration import VirtualMachineInstanceMigrated
-from events.query import Query
+from events.language.codec import decode
+from events.language.kinds.migration import VirtualMachineInstanceMigrated
+from events.language.messages import Command
+from events.language.query import Query
 from projections.cluster import ClusterState, render_vmi
 from projections.hco import METRICS_QUERY, answer
 from projections.rendering import migration_object, render

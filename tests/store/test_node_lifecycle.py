@@ -19,8 +19,8 @@ from controlplane.defaults import (
 )
 from controlplane.node.controller import NodeLifecycle
 from events.api.scheduling import LABEL_HOSTNAME, LABEL_TOPOLOGY_ZONE
-from events.messages import Command
-from events.vm import NODE_UNRESPONSIVE
+from events.language.kinds.vm import NODE_UNRESPONSIVE
+from events.language.messages import Command
 from tests.store.helpers import SyncHandler
 from tests.store.scheduling_helpers import Cluster
 

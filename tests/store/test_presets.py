@@ -10,8 +10,8 @@ import uuid
 from typing import Any
 
 from controlplane.vm.controller import VMController
-from events.messages import Command
-from events.query import Query
+from events.language.messages import Command
+from events.language.query import Query
 from projections.cluster import ClusterState
 from projections.rendering import render
 from tests.store.helpers import SyncHandler, run, run_accepted

@@ -2,8 +2,8 @@
 kube-apiserver pages a list), and every page is cut from the first page's state: an object
 created between two pages is in none of them, whether the list was still kept or had to be
 rendered again at its sequence. The HTTP API pages a list asked with `limit` the same way.
-`events.query.ask` (a node agent's reads) takes every page, and a node's list of VMIs holds
-only that node's."""
+`events.language.query.ask` (a node agent's reads) takes every page, and a node's list
+of VMIs holds only that node's."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import pytest
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 
-from events import query as queries
-from events.connect import connect
-from events.query import Answer, Query, query_subject
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.jetstream.connect import connect
+from events.jetstream.streams import ensure_all
+from events.language import query as queries
+from events.language.query import Answer, Query, query_subject
+from events.language.subjects import Layout
 from projections import http
 from projections.paging import Listed, ListPages
 from projections.ratelimit import AskerLimits, AuditLimit

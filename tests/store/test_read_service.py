@@ -8,10 +8,10 @@ import asyncio
 import msgspec
 from nats.errors import NoRespondersError
 
-from events.connect import connect
-from events.query import Answer, Query, query_subject
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.jetstream.connect import connect
+from events.jetstream.streams import ensure_all
+from events.language.query import Answer, Query, query_subject
+from events.language.subjects import Layout
 from projections.service import READ_WAIT_SECONDS, ReadService
 from tests.store.helpers import SyncHandler, register
 

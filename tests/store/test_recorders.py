@@ -26,16 +26,16 @@ from eventsourcing.tests.persistence import (
 from eventsourcing.utils import Environment
 from nats.js.api import KeyValueConfig
 
-from events.connect import connect
-from events.jetstream import (
+from events.jetstream.connect import connect
+from events.jetstream.store import (
     JetStreamAggregateRecorder,
     JetStreamApplicationRecorder,
     JetStreamFactory,
     JetStreamProcessRecorder,
     JetStreamTrackingRecorder,
 )
-from events.streams import events_stream_config
-from events.subjects import Layout
+from events.jetstream.streams import events_stream_config
+from events.language.subjects import Layout
 from tests.natsserver import shared_server
 
 

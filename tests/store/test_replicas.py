@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from events.connect import connect
-from events.datastore import JetStreamDatastore
-from events.jetstream import JetStreamApplicationRecorder
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.jetstream.connect import connect
+from events.jetstream.datastore import JetStreamDatastore
+from events.jetstream.store import JetStreamApplicationRecorder
+from events.jetstream.streams import ensure_all
+from events.language.subjects import Layout
 from tests.natsserver import cluster, jetstream_ready
 
 LAYOUT = Layout("vbr")

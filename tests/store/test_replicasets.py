@@ -12,11 +12,11 @@ from typing import Any
 import msgspec
 
 from controlplane.replicaset.controller import ReplicaSetController
-from events.messages import Command, DomainObservation, node_actor
-from events.policy import Request, command_request
-from events.query import Query
-from events.subjects import Layout
-from events.vm import NODE_UNRESPONSIVE
+from events.authorization.policy import Request, command_request
+from events.language.kinds.vm import NODE_UNRESPONSIVE
+from events.language.messages import Command, DomainObservation, node_actor
+from events.language.query import Query
+from events.language.subjects import Layout
 from projections.cluster import ClusterState
 from projections.http import respond
 from projections.rendering import render

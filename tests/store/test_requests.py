@@ -1,4 +1,4 @@
-"""Requests on one inbox per connection (`events.requests`): every answer reaches the one
+"""Requests on one inbox per connection (`events.jetstream.requests`): every answer reaches the one
 who asked, whatever order they come in; a request nobody answers fails at its deadline,
 through the one shared timer; nobody listening is "no responders" (a stored message that
 carries a 503 status is an answer: `test_directget`)."""
@@ -15,8 +15,8 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from events.connect import connect
-from events.requests import _BY_CONNECTION, Requests, request
+from events.jetstream.connect import connect
+from events.jetstream.requests import _BY_CONNECTION, Requests, request
 
 
 async def test_answers_in_any_order_reach_each_asker(nats_url: str, prefix: str) -> None:

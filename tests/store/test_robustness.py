@@ -23,13 +23,13 @@ from nats.aio.msg import Msg
 from structlog.testing import capture_logs
 
 import controlplane.intake
-import events.aio
+import events.runtime.aio
 from controlplane.intake import Consumer
 from controlplane.node.controller import NodeLifecycle
-from events.connect import connect
-from events.server import EmbeddedNats, free_port
-from events.streams import ensure_all, wait_for_streams
-from events.subjects import Layout, encode_token
+from events.jetstream.connect import connect
+from events.jetstream.server import EmbeddedNats, free_port
+from events.jetstream.streams import ensure_all, wait_for_streams
+from events.language.subjects import Layout, encode_token
 from projections.cluster import ClusterState
 from projections.snapshots import Snapshots
 from tests.system.harness import eventually
@@ -224,7 +224,7 @@ async def test_work_done_while_its_claim_cannot_be_renewed_is_not_dead_lettered(
     the work itself succeeds. The server is back before the ack (then the message is
     acknowledged) or after it (the ack is lost: it may come again, to be answered from its
     marker). Either way it is not dead-lettered: the work's outcome decides."""
-    monkeypatch.setattr(events.aio, "ACK_WAIT_SECONDS", RENEWAL_ACK_WAIT_SECONDS)
+    monkeypatch.setattr(events.runtime.aio, "ACK_WAIT_SECONDS", RENEWAL_ACK_WAIT_SECONDS)
     monkeypatch.setattr(controlplane.intake, "MAX_DELIVER", 1)
     layout = Layout("rb")
     nc = await connect(server.url, "test-claims", pending_size=0)
@@ -283,7 +283,7 @@ async def test_work_longer_than_the_ack_wait_keeps_its_claim(
         server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch) -> None:
     """A message worked on for three ack waits has its claim renewed meanwhile (`claimed`),
     so the server does not hand it out again while it is worked on."""
-    monkeypatch.setattr(events.aio, "ACK_WAIT_SECONDS", RENEWAL_ACK_WAIT_SECONDS)
+    monkeypatch.setattr(events.runtime.aio, "ACK_WAIT_SECONDS", RENEWAL_ACK_WAIT_SECONDS)
     monkeypatch.setattr(controlplane.intake, "ACK_WAIT_SECONDS", RENEWAL_ACK_WAIT_SECONDS)
     layout = Layout("rk")
     nc = await connect(server.url, "test-claim-kept")

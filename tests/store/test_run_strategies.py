@@ -16,8 +16,8 @@ from controlplane.controllers.scheduler import Scheduler
 from controlplane.defaults import CRASH_LOOP_BACKOFF_MAX_DELAY_SECONDS
 from controlplane.vm.commands import crash_loop_delay_seconds
 from controlplane.vm.controller import VMController
-from events.messages import Command, DomainObservation, node_actor
-from events.subjects import Layout
+from events.language.messages import Command, DomainObservation, node_actor
+from events.language.subjects import Layout
 from projections.cluster import ClusterState, printable_status, render_vm
 from projections.views import MigrationState
 from tests.store.helpers import SyncHandler, register_command, replayed, run, run_accepted

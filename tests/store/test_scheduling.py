@@ -9,7 +9,7 @@ from typing import Any
 
 from controlplane.controllers.scheduler import Scheduler
 from controlplane.vm.controller import VMController
-from events.messages import Command
+from events.language.messages import Command
 from projections.cluster import render_vm
 from tests.store.helpers import SyncHandler, node_info
 from tests.store.scheduling_helpers import Cluster

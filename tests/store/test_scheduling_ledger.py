@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 
 from controlplane.scheduling.ledger import Ledger
-from events.messages import Command
+from events.language.messages import Command
 from projections.hco import cluster_tuning
 from tests.store.helpers import SyncHandler
 from tests.store.scheduling_helpers import SMALL, Cluster

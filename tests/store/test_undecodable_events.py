@@ -21,22 +21,26 @@ from events.api.hco import HyperConvergedSpec
 from events.api.manifest import decode_object
 from events.api.node import NodeInfo
 from events.api.vm import VirtualMachine
-from events.codec import Event, encode
-from events.connect import connect
-from events.datastore import TOPIC_HEADER
-from events.hco import (
+from events.authorization.policy import Policy
+from events.jetstream.connect import connect
+from events.jetstream.datastore import TOPIC_HEADER
+from events.jetstream.streams import ensure_all
+from events.language.codec import Event, encode
+from events.language.kinds.hco import (
     HyperConvergedCreated,
     HyperConvergedUpdated,
     OperandApplied,
     OperandReverted,
     hco_id,
 )
-from events.nodes import NODE_KIND, NodeInfoChanged, NodeNotReady, NodeReady, NodeRegistered
-from events.policy import Policy
-from events.query import Query, ask
-from events.streams import ensure_all
-from events.subjects import Layout, aggregate_id
-from events.vm import (
+from events.language.kinds.nodes import (
+    NODE_KIND,
+    NodeInfoChanged,
+    NodeNotReady,
+    NodeReady,
+    NodeRegistered,
+)
+from events.language.kinds.vm import (
     VM_KIND,
     VMI_KIND,
     VirtualMachineCreated,
@@ -44,6 +48,8 @@ from events.vm import (
     VirtualMachineInstancePhaseChanged,
     VirtualMachineRunStrategyChanged,
 )
+from events.language.query import Query, ask
+from events.language.subjects import Layout, aggregate_id
 from projections import audit, follower, service, views
 from projections.cluster import ClusterState
 from projections.follower import (

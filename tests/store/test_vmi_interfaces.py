@@ -15,10 +15,10 @@ import pytest
 from controlplane.intake import report_command
 from controlplane.writer import Writer
 from events.api.vm import VirtualMachineInstanceNetworkInterface
-from events.messages import InterfacesObservation, NodeReport, Outcome, node_actor
-from events.query import Query, ask
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.jetstream.streams import ensure_all
+from events.language.messages import InterfacesObservation, NodeReport, Outcome, node_actor
+from events.language.query import Query, ask
+from events.language.subjects import Layout
 from nodeagent.agent import VMIRef
 from projections.service import ReadService
 from tests.nodeagent.helpers import Cluster

@@ -9,8 +9,8 @@ import uuid
 from datetime import UTC, datetime
 
 from controlplane.workloadupdate.controller import WorkloadUpdater
-from events.messages import Command
-from events.query import Query
+from events.language.messages import Command
+from events.language.query import Query
 from projections.cluster import OUTDATED_LAUNCHER_LABEL
 from projections.migration import WorkloadUpdateView
 from projections.rendering import render

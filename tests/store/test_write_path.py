@@ -23,13 +23,13 @@ from controlplane.hco.commands import KUBEVIRT_CR_ID
 from controlplane.hco.controller import HCOController
 from controlplane.writer import Writer
 from events.api import hco_defaults as d
-from events.connect import connect
-from events.datastore import AppendConflict, Outgoing
-from events.directget import read_all, sequence
-from events.messages import Command, Outcome
-from events.streams import ensure_all, events_stream_config
-from events.subjects import Layout
-from events.vm import VirtualMachineDeleted
+from events.jetstream.connect import connect
+from events.jetstream.datastore import AppendConflict, Outgoing
+from events.jetstream.directget import read_all, sequence
+from events.jetstream.streams import ensure_all, events_stream_config
+from events.language.kinds.vm import VirtualMachineDeleted
+from events.language.messages import Command, Outcome
+from events.language.subjects import Layout
 from projections.cluster import ClusterState
 from projections.follower import read_event
 from projections.views import VirtualMachineView

@@ -18,11 +18,11 @@ import msgspec
 
 from controlplane.up import UpOptions, children
 from controlplane.user.client import Client
-from events.datastore import TOPIC_HEADER
-from events.directget import PAGE, direct_batch
-from events.messages import DomainSummary, SimReply, SimRequest
-from events.nodes import NodeNotReady, NodeReady
-from events.server import free_port
+from events.jetstream.datastore import TOPIC_HEADER
+from events.jetstream.directget import PAGE, direct_batch
+from events.jetstream.server import free_port
+from events.language.kinds.nodes import NodeNotReady, NodeReady
+from events.language.messages import DomainSummary, SimReply, SimRequest
 from projections.follower import head
 
 T = TypeVar("T")

@@ -54,9 +54,9 @@ from nats.aio.msg import Msg
 
 from controlplane.handling import marker_id
 from controlplane.user.client import Client
-from events.codec import event_id
-from events.directget import read_all, sequence
-from events.messages import (
+from events.jetstream.directget import read_all, sequence
+from events.language.codec import event_id
+from events.language.messages import (
     COMMAND_KIND,
     Command,
     CommandAccepted,

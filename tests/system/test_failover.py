@@ -46,14 +46,14 @@ from controlplane.lease import LEASE_KEY
 from controlplane.loop import ControlLoop
 from controlplane.user.client import Client
 from controlplane.writer import Writer
-from events.codec import Event
-from events.connect import connect
-from events.datastore import TOPIC_HEADER, VERSION_HEADER
-from events.directget import PAGE, direct_batch, read_all, sequence
-from events.messages import Command, Outcome
-from events.server import free_port
-from events.streams import ensure_all
-from events.subjects import Layout
+from events.jetstream.connect import connect
+from events.jetstream.datastore import TOPIC_HEADER, VERSION_HEADER
+from events.jetstream.directget import PAGE, direct_batch, read_all, sequence
+from events.jetstream.server import free_port
+from events.jetstream.streams import ensure_all
+from events.language.codec import Event
+from events.language.messages import Command, Outcome
+from events.language.subjects import Layout
 from projections.follower import follow, read_event
 from projections.service import ReadService
 from tests.natsserver import Member, cluster, holding, jetstream_ready, lead_from, meta_leader

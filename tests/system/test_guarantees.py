@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from controlplane.user.client import Client, CommandRejected
-from events.errors import InvalidSpec
-from events.messages import Outcome
+from events.api.errors import InvalidSpec
+from events.language.messages import Outcome
 from tests.system.harness import (
     System,
     command_topics_since,

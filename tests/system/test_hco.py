@@ -9,7 +9,7 @@ import pytest
 
 from controlplane.user.client import Client, CommandRejected
 from events.api import hco_defaults as d
-from events.query import Query
+from events.language.query import Query
 from projections import audit
 from projections.hco import ALERTS_QUERY, METRICS_QUERY
 from projections.hco_metrics import OUT_OF_BAND_MODIFICATIONS, UNSAFE_MODIFICATIONS

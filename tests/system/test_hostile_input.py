@@ -39,10 +39,10 @@ from nats.aio.msg import Msg
 import controlplane.writer  # noqa: F401  (registers every handler in HANDLERS)
 from controlplane.handling import HANDLERS, marker_id
 from controlplane.user.client import Client
-from events.codec import Event
-from events.datastore import TOPIC_HEADER
-from events.directget import PAGE, direct_batch, read_all, sequence
-from events.messages import (
+from events.jetstream.datastore import TOPIC_HEADER
+from events.jetstream.directget import PAGE, direct_batch, read_all, sequence
+from events.language.codec import Event
+from events.language.messages import (
     MAX_ID_LENGTH,
     Command,
     CommandAccepted,

@@ -14,8 +14,8 @@ import pytest
 
 from controlplane.user.client import Client
 from events.api import hco_defaults as d
-from events.directget import read_all
-from events.migration import MigrationPhaseChanged
+from events.jetstream.directget import read_all
+from events.language.kinds.migration import MigrationPhaseChanged
 from projections.eviction import DrainProgress
 from projections.follower import read_event
 from projections.migration import RUNNING_PHASES

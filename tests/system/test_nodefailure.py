@@ -19,10 +19,10 @@ from controlplane.node.controller import NodeLifecycle
 from controlplane.user.client import Client
 from controlplane.writer import Writer
 from events.api.scheduling import LABEL_HOSTNAME
-from events.messages import Command
-from events.nodes import NODE_KIND
-from events.subjects import aggregate_id
-from events.vm import NODE_UNRESPONSIVE
+from events.language.kinds.nodes import NODE_KIND
+from events.language.kinds.vm import NODE_UNRESPONSIVE
+from events.language.messages import Command
+from events.language.subjects import aggregate_id
 from projections.cluster import ClusterState
 from projections.views import NodeView
 from tests.system.harness import (

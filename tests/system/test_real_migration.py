@@ -33,7 +33,7 @@ import libvirt
 import pytest
 
 from controlplane.user.client import Client
-from events.server import EmbeddedNats
+from events.jetstream.server import EmbeddedNats
 from nodeagent.converter.console import SERIAL_LOG
 from nodeagent.defaults import BRIDGE, SOURCE_RESTARTED_REASON
 from nodeagent.imagestore import ImageStore

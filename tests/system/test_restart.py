@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.user.client import Client
-from events.server import EmbeddedNats
+from events.jetstream.server import EmbeddedNats
 from tests.system.harness import (
     System,
     eventually,

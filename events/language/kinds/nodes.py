@@ -11,7 +11,7 @@ from typing import Final
 
 from events.api.node import NodeInfo
 from events.api.scheduling import Taint
-from events.codec import Event, event_type
+from events.language.codec import Event, event_type
 
 NODE_KIND: Final = "node"
 

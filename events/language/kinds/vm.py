@@ -14,7 +14,7 @@ from events.api.vm import (
     VirtualMachineInstanceSpec,
     VirtualMachineSpec,
 )
-from events.codec import Event, event_type
+from events.language.codec import Event, event_type
 
 VM_KIND: Final = "vm"
 VMI_KIND: Final = "vmi"

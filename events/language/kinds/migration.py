@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Final, Literal
 
 from events.api.base import ObjectMeta
-from events.codec import Event, event_type
-from events.messages import MigrationAddress, MigrationMode, MigrationOrder
+from events.language.codec import Event, event_type
+from events.language.messages import MigrationAddress, MigrationMode, MigrationOrder
 
 MIGRATION_KIND: Final = "vmim"
 

@@ -27,14 +27,13 @@ from uuid import UUID
 
 import msgspec
 
-from events.errors import InvalidSpec
+from events.api.base import DNS1123_LABEL
+from events.api.errors import InvalidSpec
 
 DEFAULT_PREFIX: Final = "virtbus"
 CLUSTER_SCOPE: Final = "_"
 """The namespace token of cluster-scoped objects (nodes, the HyperConverged's operands)."""
 
-DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-"""Kubernetes' name pattern (without its 63-character limit); such names are subject-safe."""
 _PREFIX = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _ENCODED = "="
 
@@ -214,7 +213,8 @@ class Layout(msgspec.Struct, frozen=True):
 
     def console_subject(self, node: str, namespace: str, name: str, uid: str) -> str:
         """One VMI instance's serial console output, as the agent of `node` publishes it: the
-        node in the subject lets a node publish only its own guests' (`events.authorization`),
+        node in the subject lets a node publish only its own guests'
+        (`events.authorization.accounts`),
         the uid keeps a VMI's earlier instances apart."""
         return (f"{self.prefix}.console.{encode_token(node)}.{encode_token(namespace)}."
                 f"{encode_token(name)}.{encode_token(uid)}")

@@ -22,7 +22,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from events.requests import request, requests
+from events.jetstream.requests import request, requests
 
 PAGE: Final = 1000
 TIMEOUT: Final = 10.0
@@ -44,7 +44,7 @@ before it gives up (`MessagesLost`)."""
 
 class MessagesLost(DirectGetError):
     """`LOST_ASKS` answers in a row lost their first message on the way: a slow consumer,
-    transient (`events.transient`)."""
+    transient (`events.jetstream.transient`)."""
 
 
 async def direct_batch(nc: Client, stream: str, start: int, limit: int, subject: str) -> list[Msg]:

@@ -27,7 +27,7 @@ from nats.errors import (
 )
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
-from events.directget import MessagesLost
+from events.jetstream.directget import MessagesLost
 
 log = structlog.get_logger(__name__)
 

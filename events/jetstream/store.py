@@ -42,17 +42,17 @@ from nats.js.api import DeliverPolicy, KeyValueConfig
 from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from events.connect import DEFAULT_URL
-from events.datastore import (
+from events.jetstream.connect import DEFAULT_URL
+from events.jetstream.datastore import (
     MAX_APPEND_ATTEMPTS,
     NO_VERSION,
     TOPIC_HEADER,
     JetStreamDatastore,
     StreamSpace,
 )
-from events.directget import PAGE, sequence
-from events.streams import create_key, get_key
-from events.subjects import (
+from events.jetstream.directget import PAGE, sequence
+from events.jetstream.streams import create_key, get_key
+from events.language.subjects import (
     DEFAULT_PREFIX,
     Layout,
     aggregate_subject,

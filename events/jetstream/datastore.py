@@ -41,17 +41,17 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.errors import MaxPayloadError
 
-from events.bridge import NatsBridge
-from events.codec import event_id
-from events.directget import direct_batch, last_on, read_all, sequence
-from events.requests import PubAck, decode_pub_ack, request
-from events.streams import (
+from events.jetstream.bridge import NatsBridge
+from events.jetstream.directget import direct_batch, last_on, read_all, sequence
+from events.jetstream.requests import PubAck, decode_pub_ack, request
+from events.jetstream.streams import (
     create_stream_if_missing,
     events_stream_config,
     snapshots_stream_config,
 )
-from events.subjects import Layout, aggregate_subject, decode_token, originator_of
-from events.transient import TRANSIENT_API_CODES
+from events.jetstream.transient import TRANSIENT_API_CODES
+from events.language.codec import event_id
+from events.language.subjects import Layout, aggregate_subject, decode_token, originator_of
 
 MAX_BATCH: Final = 1000
 """JetStream's limit on messages in one atomic batch."""

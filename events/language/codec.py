@@ -9,7 +9,6 @@ rewritten.
 from __future__ import annotations
 
 import functools
-import importlib
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -19,7 +18,7 @@ from uuid import UUID
 import msgspec
 from eventsourcing.persistence import Mapper, MapperDeserialisationError, StoredEvent
 
-from events.ids import name_uuid
+from events.language.ids import name_uuid
 
 EVENT_ID_NAMESPACE = UUID("6f1c3f4e-8d0b-5c7a-9b39-7a1e0c6d2b11")
 
@@ -87,8 +86,6 @@ def event_type(name: str) -> Callable[[E], E]:
 
 
 def event_class(name: str) -> type[Event]:
-    if name not in _REGISTRY:
-        importlib.import_module("events.catalog")
     try:
         return _REGISTRY[name]
     except KeyError:

@@ -16,7 +16,7 @@ from typing import Final, Literal
 
 from events.api.base import ObjectMeta
 from events.api.replicaset import VirtualMachineInstanceReplicaSetSpec
-from events.codec import Event, event_type
+from events.language.codec import Event, event_type
 
 REPLICA_SET_KIND: Final = "vmirs"
 FailureReason = Literal["FailedCreate", "FailedDelete"]

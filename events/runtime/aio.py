@@ -46,7 +46,8 @@ async def unless_stopped(work: Awaitable[object], stop: asyncio.Event) -> bool:
         if not ended:
             task.cancel()
             # What it meets on its way out (a request that fails as it is cancelled, which
-            # `events.transient` does not retry then) is no failure of work stopped anyway.
+            # `events.jetstream.transient` does not retry then) is no failure of work stopped
+            # anyway.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
     if ended:

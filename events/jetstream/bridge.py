@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from nats.aio.client import Client
 
-from events.connect import connect
+from events.jetstream.connect import connect
 
 T = TypeVar("T")
 

@@ -34,8 +34,8 @@ from nats.errors import Error as NatsError
 from nats.errors import SlowConsumerError, StaleConnectionError
 from nats.js.errors import APIError, KeyValueError, ServiceUnavailableError
 
-from events.aio import unless_stopped
-from events.subjects import DEFAULT_PREFIX
+from events.language.subjects import DEFAULT_PREFIX
+from events.runtime.aio import unless_stopped
 
 log = structlog.get_logger(__name__)
 

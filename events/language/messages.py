@@ -15,10 +15,10 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 
+from events.api.errors import InvalidSpec
 from events.api.vm import VirtualMachineInstanceNetworkInterface
-from events.codec import Event, event_type
-from events.errors import InvalidSpec
-from events.subjects import aggregate_id, encode_token
+from events.language.codec import Event, event_type
+from events.language.subjects import aggregate_id, encode_token
 
 COMMAND_KIND: Final = "command"
 M = TypeVar("M", bound=msgspec.Struct)

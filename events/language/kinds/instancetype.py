@@ -26,7 +26,7 @@ from events.api.instancetype import (
     VirtualMachineInstancetypeSpec,
     VirtualMachinePreferenceSpec,
 )
-from events.codec import Event, event_type
+from events.language.codec import Event, event_type
 
 KIND_TOKENS: Final = {
     INSTANCETYPE: "vminstancetype",

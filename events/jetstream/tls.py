@@ -4,7 +4,7 @@ https monitoring) and one client certificate per role (mutual TLS).
 ECDSA P-256 keys, written 0600; certificates 0644. An operator with a CA of their own uses
 that instead: nothing here is needed at run time, only the files.
 
-    python -m events.tls DIR --host nats.example --ip 10.0.0.5 --client controlplane
+    python -m events.jetstream.tls DIR --host nats.example --ip 10.0.0.5 --client controlplane
 
 An existing `DIR/ca.crt` and `DIR/ca.key` are kept (run it again to renew the leaves);
 every other file named is written afresh.
@@ -120,7 +120,7 @@ def _issue(ca: CertFiles, directory: Path | str, name: str, *, common_name: str,
     ca_cert = x509.load_pem_x509_certificate(Path(ca.cert).read_bytes())
     ca_key = serialization.load_pem_private_key(Path(ca.key).read_bytes(), password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise ValueError(f"{ca.key}: not an ECDSA key (make the CA with events.tls)")
+        raise ValueError(f"{ca.key}: not an ECDSA key (make the CA with events.jetstream.tls)")
     key = _new_key()
     builder = (_builder(common_name, ca_cert.subject, key, LEAF_VALIDITY)
                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -166,7 +166,8 @@ def make_client_cert(ca: CertFiles, directory: Path | str, name: str) -> CertFil
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m events.tls", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m events.jetstream.tls",
+                                description=__doc__.splitlines()[0])
     p.add_argument("directory", type=Path)
     p.add_argument("--host", action="append", default=[], metavar="NAME",
                    help="a DNS name of the server (repeat; wildcards like *.svc allowed)")

@@ -19,7 +19,7 @@ from typing import Any, Final, Literal, TypeVar
 import msgspec
 from nats.aio.client import Client
 
-from events.subjects import Layout, decode_token, encode_token
+from events.language.subjects import Layout, decode_token, encode_token
 
 A = TypeVar("A", bound=msgspec.Struct)
 
@@ -156,7 +156,7 @@ class ConsoleAnswer(msgspec.Struct, frozen=True, kw_only=True):
 
 def query_subject(layout: Layout, asker: str, verb: Verb = "get") -> str:
     """Where `asker` sends its queries: `<p>.query.<asker>.<verb>`. Each NATS user may
-    publish only under its own name (`events.authorization`), so the read service can
+    publish only under its own name (`events.authorization.accounts`), so the read service can
     answer by who asks."""
     return f"{layout.query_root}.{encode_token(asker)}.{verb}"
 

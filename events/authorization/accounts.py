@@ -15,7 +15,8 @@ does lands in a stream but what it publishes through an import its permissions a
 The server vouches for identity this way: a person may publish commands only under
 `<p>.cmd.<their name>.>` and a node agent reports only under `<p>.report.<node>.>`, so the
 control plane can take the actor and the node from the subject. What each person may do
-beyond that (which verbs, in which namespaces) is the policy's (`events.policy`), decided by
+beyond that (which verbs, in which namespaces) is the policy's
+(`events.authorization.policy`), decided by
 the control plane and the read service, since NATS cannot see a command's namespace.
 
 `deploy/nats/accounts.conf` is this module's output for `deploy/nats/policy.yaml` and three
@@ -34,13 +35,14 @@ from typing import Final, Literal
 
 import msgspec
 
-from events.connect import inbox_for
-from events.errors import InvalidSpec
-from events.messages import SYSTEM_ACTOR_PREFIX, node_actor
-from events.policy import KUBEVIRT_GROUP, Policy, Request, load_policy
-from events.query import query_subject
-from events.streams import reads_direct, work_consumer
-from events.subjects import DNS1123_LABEL, Layout, encode_token
+from events.api.base import DNS1123_LABEL
+from events.api.errors import InvalidSpec
+from events.authorization.policy import KUBEVIRT_GROUP, Policy, Request, load_policy
+from events.jetstream.connect import inbox_for
+from events.jetstream.streams import reads_direct, work_consumer
+from events.language.messages import SYSTEM_ACTOR_PREFIX, node_actor
+from events.language.query import query_subject
+from events.language.subjects import Layout, encode_token
 
 ADMIN_USER: Final = "admin"
 """Stream administration: what `virtbus up` and deploy jobs use to create and update
@@ -120,7 +122,7 @@ class _Api:
 
     def kv_reads(self, bucket: str, keys: str = ">") -> list[str]:
         """Reads of `keys`: Direct Get, whose subject names the key, on a bucket read so
-        (`events.streams.reads_direct`); else the stored-message get, which reads any key
+        (`events.jetstream.streams.reads_direct`); else the stored-message get, which reads any key
         (only roles that may read every key get it)."""
         if reads_direct(self.layout, bucket):
             return [f"$JS.API.DIRECT.GET.{self.kv(bucket)}.$KV.{bucket}.{keys}"]
@@ -262,8 +264,8 @@ def person(layout: Layout, user: str, *, reads_all_events: bool, operates: bool)
 
 
 def inbox(user: str) -> str:
-    """`user`'s inbox subtree (`events.connect.inbox_for`): its replies arrive there, and only
-    it subscribes to it."""
+    """`user`'s inbox subtree (`events.jetstream.connect.inbox_for`): its replies arrive there,
+    and only it subscribes to it."""
     return f"{inbox_for(user)}.>"
 
 

@@ -27,10 +27,10 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from events.aio import ACK_WAIT_SECONDS
-from events.connect import Access, connect
-from events.subjects import Layout, encode_token
-from events.transient import is_transient, retry_within
+from events.jetstream.connect import Access, connect
+from events.jetstream.transient import is_transient, retry_within
+from events.language.subjects import Layout, encode_token
+from events.runtime.aio import ACK_WAIT_SECONDS
 
 EVENT_DEDUPE_WINDOW: Final = 10 * 60.0
 COMMAND_RETENTION: Final = 7 * 24 * 3600.0

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from eventsourcing.persistence import PersistenceError
 
-from events.datastore import MAX_BATCH, EventLog, OutcomeUnknown, Outgoing
+from events.jetstream.datastore import MAX_BATCH, EventLog, OutcomeUnknown, Outgoing
 
 _Member = tuple[Sequence[Outgoing], "asyncio.Future[list[int]]"]
 

@@ -16,7 +16,7 @@ from typing import Final
 
 from events.api.base import ObjectMeta
 from events.api.replicaset import VirtualMachineInstancePresetSpec
-from events.codec import Event, event_type
+from events.language.codec import Event, event_type
 
 PRESET_KIND: Final = "vmipreset"
 

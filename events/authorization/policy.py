@@ -24,10 +24,10 @@ from typing import Final, Literal
 import msgspec
 import yaml
 
+from events.api.errors import InvalidSpec
 from events.api.hco_defaults import KIND as HCO_API_KIND
 from events.api.instancetype import CLUSTER_KINDS
-from events.errors import InvalidSpec
-from events.hco import OPERAND_TOKENS
+from events.language.kinds.hco import OPERAND_TOKENS
 
 RBAC_API_VERSION: Final = "rbac.authorization.k8s.io/v1"
 WILDCARD: Final = "*"

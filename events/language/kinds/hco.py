@@ -21,8 +21,8 @@ import msgspec
 from events.api import hco_defaults as d
 from events.api.base import ObjectMeta
 from events.api.hco import Condition, HyperConvergedSpec
-from events.codec import Event, event_type
-from events.subjects import aggregate_id
+from events.language.codec import Event, event_type
+from events.language.subjects import aggregate_id
 
 HCO_KIND: Final = "hco"
 OPERAND_TOKENS: Final = {kind: kind.lower() for kind in d.OPERAND_API_VERSIONS}
