@@ -18,7 +18,7 @@ import jsonpatch
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from events.authorization.policy import CLUSTER_SCOPED
+from events.api.kinds import is_cluster_scoped, name_of_token, token_of
 from events.jetstream.directget import pages, read_all, sequence
 from events.language.codec import Event
 from events.language.kinds.nodes import NODE_KIND
@@ -28,7 +28,6 @@ from events.language.subjects import Layout, aggregate_id, split_aggregate_id
 from projections.bulk import uncollected
 from projections.cluster import ClusterState
 from projections.follower import head, read_event, start_sequence_at
-from projections.query import KIND_TOKENS, TOKEN_KINDS
 from projections.rendering import render_view
 from projections.snapshots import Snapshots, restore
 from projections.views import View
@@ -124,7 +123,7 @@ async def object_history(nc: Client, layout: Layout, kind: str, namespace: str, 
     """Every event of one object, with who caused it and what changed: a JSON Patch between
     the object before and after, each as `sight` shows it (so a viewer's patches carry
     `<redacted>`, never a secret). The caller has checked that the asker may read it."""
-    agg = aggregate_id(KIND_TOKENS[kind], "" if kind in CLUSTER_SCOPED else namespace, name)
+    agg = aggregate_id(token_of(kind), "" if is_cluster_scoped(kind) else namespace, name)
     state = ClusterState()
     before: dict[str, Any] = {}
     out: list[HistoryEntry] = []
@@ -152,7 +151,7 @@ async def request_trail(nc: Client, layout: Layout, correlation_id: str,
             continue
         token, namespace, _ = split_aggregate_id(event.originator_id)
         # A token of no served kind (a command's marker) is a resource only `*` grants.
-        if sight_of(TOKEN_KINDS.get(token, token)).may_read(namespace):
+        if sight_of(name_of_token(token)).may_read(namespace):
             out.append(_entry(msg, event, [], str(event.originator_id)))
     return out
 
@@ -192,7 +191,7 @@ def _change(state: ClusterState, msg: Msg, folded: tuple[Event, View], query: Wa
     meta = getattr(view, "metadata", None)
     name = meta.name if meta is not None else id_name
     namespace = meta.namespace if meta is not None else id_namespace
-    if view_token != KIND_TOKENS[query.kind] or (query.name and name != query.name) or (
+    if view_token != token_of(query.kind) or (query.name and name != query.name) or (
             query.namespace and namespace != query.namespace):
         return None
     if not sight.may_read(namespace):

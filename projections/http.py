@@ -1,17 +1,15 @@
 """The HTTP read API: the read model at kube-apiserver-shaped paths, plus `/metrics`.
 
-| path                                                             | answer              |
-|------------------------------------------------------------------|---------------------|
-| `/apis/kubevirt.io/v1/virtualmachines`                           | VirtualMachineList  |
-| `/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines[/{name}]`  | list or one object  |
-| the same for `virtualmachineinstances`,                          |                     |
-| `virtualmachineinstancereplicasets` and                          |                     |
-| `virtualmachineinstancepresets`                                  |                     |
-| `/api/v1/nodes[/{name}]`                                         | NodeList or a Node  |
-| `/apis/instancetype.kubevirt.io/{version}/[namespaces/{ns}/]`    | list or one object  |
-| `virtualmachine[cluster]{instancetypes,preferences}[/{name}]`    |                     |
-| `/metrics`                                                       | Prometheus text     |
-| `/healthz`                                                       | `ok`                |
+| path                                                               | answer             |
+|--------------------------------------------------------------------|--------------------|
+| `/apis/{group}/{version}/{plural}` (`/api/v1/...`: the core group) | every namespace's  |
+| `/apis/{group}/{version}/namespaces/{ns}/{plural}[/{name}]`        | list or one object |
+| `/apis/{group}/{version}/{plural}/{name}` (a cluster-scoped kind)  | one object         |
+| `/metrics`                                                         | Prometheus text    |
+| `/healthz`                                                         | `ok`               |
+
+Every kind declared in `events.api.kinds` is served at its group, versions and plural
+(`/apis/kubevirt.io/v1/namespaces/default/virtualmachines`, `/api/v1/nodes`).
 
 Read-only, GET only; a miss is a Kubernetes `Status` object with code 404. A list asked with
 `limit` comes a page at a time, as kube-apiserver pages one: at most `limit` items, and
@@ -50,14 +48,7 @@ from aiohttp import web
 from nats.errors import Error as NatsError
 
 from events.api.errors import InvalidSpec
-from events.api.instancetype import (
-    API_VERSIONS,
-    CLUSTER_INSTANCETYPE,
-    CLUSTER_PREFERENCE,
-    INSTANCETYPE,
-    PREFERENCE,
-)
-from events.api.replicaset import PRESET, REPLICA_SET
+from events.api.kinds import of_resource
 from events.authorization.policy import PathRequest, Policy
 from events.language.messages import NODE_ACTOR_PREFIX
 from events.language.query import Query
@@ -158,15 +149,6 @@ class StaticTokens:
 
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
-RESOURCES = {"virtualmachines": "VirtualMachine",
-             "virtualmachineinstances": "VirtualMachineInstance", "nodes": "Node",
-             "virtualmachineinstancereplicasets": REPLICA_SET,
-             "virtualmachineinstancepresets": PRESET}
-INSTANCETYPE_RESOURCES = {"virtualmachineinstancetypes": INSTANCETYPE,
-                          "virtualmachinepreferences": PREFERENCE}
-CLUSTER_INSTANCETYPE_RESOURCES = {"virtualmachineclusterinstancetypes": CLUSTER_INSTANCETYPE,
-                                  "virtualmachineclusterpreferences": CLUSTER_PREFERENCE}
-INSTANCETYPE_VERSIONS = [v.rpartition("/")[2] for v in API_VERSIONS]
 LIMIT: Final = re.compile(r"(-?[0-9]{1,18})?")
 """A list's `limit`: an integer (Go's ParseInt, as kube-apiserver reads it); 0 or below,
 or none, is no limit."""
@@ -177,39 +159,31 @@ so a few askers page at once; one asker keeps at most two of them."""
 
 
 def route(path: str) -> tuple[Query, bool] | None:
-    """The query a path asks and whether it names one object; None if no such path."""
+    """The query a path asks and whether it names one object; None if no such path. Every
+    declared kind is served at kube-apiserver's paths for its group, version and scope:
+    `/api/v1/...` for the core group, `/apis/<group>/<version>/...` for the others."""
     parts = [p for p in path.split("?", 1)[0].split("/") if p]
     match parts:
-        case ["apis", "kubevirt.io", "v1", resource] if resource in RESOURCES:
-            return Query(kind=RESOURCES[resource]), False
-        case ["apis", "kubevirt.io", "v1", "namespaces", ns, resource] if resource in RESOURCES:
-            return Query(kind=RESOURCES[resource], namespace=ns), False
-        case ["apis", "kubevirt.io", "v1", "namespaces", ns, resource, name] \
-                if resource in RESOURCES:
-            return Query(kind=RESOURCES[resource], namespace=ns, name=name), True
-        case ["api", "v1", "nodes"]:
-            return Query(kind="Node"), False
-        case ["api", "v1", "nodes", name]:
-            return Query(kind="Node", name=name), True
-        case ["apis", "instancetype.kubevirt.io", version, *rest] \
-                if version in INSTANCETYPE_VERSIONS:
-            return _instancetype_route(rest)
+        case ["api", version, *rest]:
+            group = ""
+        case ["apis", group, version, *rest]:
+            pass
         case _:
             return None
-
-
-def _instancetype_route(parts: list[str]) -> tuple[Query, bool] | None:
-    match parts:
-        case [resource, *name] if resource in CLUSTER_INSTANCETYPE_RESOURCES and len(name) < 2:
-            return Query(kind=CLUSTER_INSTANCETYPE_RESOURCES[resource],
-                         name="".join(name)), bool(name)
-        case [resource] if resource in INSTANCETYPE_RESOURCES:
-            return Query(kind=INSTANCETYPE_RESOURCES[resource]), False
-        case ["namespaces", ns, resource, *name] if resource in INSTANCETYPE_RESOURCES \
-                and len(name) < 2:
-            return Query(kind=INSTANCETYPE_RESOURCES[resource], namespace=ns,
-                         name="".join(name)), bool(name)
-    return None
+    match rest:
+        case ["namespaces", namespace, plural, *name] if len(name) < 2:
+            kind = of_resource(group, plural)
+            if kind is None or not kind.namespaced:
+                return None
+        case [plural, *name] if len(name) < 2:
+            namespace, kind = "", of_resource(group, plural)
+            if kind is not None and kind.namespaced and name:
+                return None
+        case _:
+            return None
+    if kind is None or version not in kind.versions:
+        return None
+    return Query(kind=kind.kind, namespace=namespace, name="".join(name)), bool(name)
 
 
 def respond(state: ClusterState, render: Render, path: str,

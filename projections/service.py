@@ -17,7 +17,8 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from events.authorization.policy import CLUSTER_SCOPED, PathRequest, Policy, Request, resource_of
+from events.api.kinds import is_cluster_scoped, kind_named
+from events.authorization.policy import PathRequest, Policy, Request, resource_of
 from events.jetstream.connect import Access, connect_unless_stopped, shown
 from events.jetstream.streams import wait_for_streams
 from events.language.codec import Event
@@ -48,7 +49,6 @@ from projections.follower import follow, head, start_sequence_at
 from projections.hco import ALERTS_QUERY, METRICS_QUERY
 from projections.http import ANONYMOUS, METRICS_PATH, StaticTokens
 from projections.paging import PAGE_SHARE, Listed, ListPages, parse_continue
-from projections.query import KIND_TOKENS
 from projections.ratelimit import AskerLimits, AuditLimit
 from projections.rendering import render
 from projections.snapshots import Snapshots, keep_writing, restore
@@ -153,7 +153,7 @@ def _forbid(sight: PolicySight, namespace: str) -> None:
 
 
 def _served_kind(kind: str) -> str:
-    if kind not in KIND_TOKENS:
+    if kind_named(kind) is None:
         raise Refused(MALFORMED, f"kind: no such kind {kind[:64]!r}")
     return kind
 
@@ -362,7 +362,7 @@ class ReadService:
         kind = _served_kind(query.kind)
         if not query.name:
             raise Refused(MALFORMED, "name: a history names one object")
-        namespace = "" if kind in CLUSTER_SCOPED else query.namespace
+        namespace = "" if is_cluster_scoped(kind) else query.namespace
         sight = PolicySight(self.policy, asker, kind, "get")
         _forbid(sight, namespace)
         return HistoryAnswer(entries=await audit.object_history(

@@ -14,7 +14,7 @@ import pytest
 
 from controlplane.user.actions import HANDLERS, scope
 from controlplane.user.cli import parser
-from projections.query import resolve_kind
+from events.api.kinds import resolve
 
 PARSING_NEEDS = {"controlplane", "controlplane.defaults", "controlplane.user",
                  "controlplane.user.cli"}
@@ -40,7 +40,7 @@ def test_an_option_after_the_command_wins_and_unset_ones_keep_the_default() -> N
 @pytest.mark.parametrize(("short", "namespace"), [
     ("vm", "team"), ("vmi", "team"), ("node", ""), ("hco", ""), ("kubevirt", "")])
 def test_cluster_wide_kinds_are_looked_up_in_no_namespace(short: str, namespace: str) -> None:
-    assert scope(resolve_kind(short), "team") == namespace
+    assert scope(resolve(short).kind, "team") == namespace
 
 
 def test_every_command_names_its_handler() -> None:

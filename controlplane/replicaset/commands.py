@@ -19,7 +19,7 @@ from controlplane.preset.commands import presets_in
 from controlplane.vmi.commands import create, request_deletion
 from events.api.base import ObjectMeta
 from events.api.errors import InvalidSpec
-from events.api.manifest import check_dns1123_label
+from events.api.names import check_dns1123_label
 from events.api.replicaset import REPLICA_SET, ScaleBody, VirtualMachineInstanceReplicaSet
 from events.api.scheduling import selector_matches
 from events.language.ids import random_uuid

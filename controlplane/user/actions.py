@@ -24,12 +24,14 @@ from nats.errors import NoRespondersError, NoServersError
 from controlplane.context import resolve
 from controlplane.defaults import TEST_DRIVER_URI
 from controlplane.user.client import Client, CommandRejected
+from events.api import kinds
 from events.api.errors import Forbidden, InvalidSpec, NotFound
+from events.api.kinds import Column, is_cluster_scoped
 from events.api.manifest import parse_documents
 from events.api.node import TaintKey
-from events.api.replicaset import DEFAULT_REPLICAS, PRESET, REPLICA_SET
+from events.api.replicaset import REPLICA_SET
 from events.api.scheduling import TAINT_EFFECTS, Taint
-from events.authorization.policy import CLUSTER_SCOPED, resource_of
+from events.authorization.policy import resource_of
 from events.jetstream.connect import (
     NATS_FAILURES,
     NATS_URL_ENV,
@@ -42,9 +44,7 @@ from events.jetstream.directget import read_all, sequence
 from events.language.messages import SimReply, SimRequest
 from events.language.subjects import DEFAULT_PREFIX, decode_token
 from events.runtime.logs import configure
-from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY
-from projections.instancetype import INSTANCETYPE_KINDS
-from projections.query import resolve_kind
+from projections.hco import ALERTS_QUERY, METRICS_QUERY
 
 Handler = Callable[[argparse.Namespace, Client], Coroutine[Any, Any, int]]
 
@@ -59,44 +59,18 @@ def _age(created: str) -> str:
     return f"{seconds}s"
 
 
-def _row(kind: str, obj: dict[str, Any]) -> list[str]:
-    meta, status = obj["metadata"], obj.get("status", {})
-    age = _age(meta.get("creationTimestamp", ""))
-    match kind:
-        case "VirtualMachine":
-            return [meta["name"], age, status.get("printableStatus", ""),
-                    str(status.get("ready", False))]
-        case "VirtualMachineInstance":
-            ready = status.get("phase") == "Running"
-            return [meta["name"], age, status.get("phase", ""), status.get("nodeName", ""),
-                    str(ready)]
-        case "VirtualMachineInstanceMigration":
-            state, progress = status.get("migrationState", {}), status.get("progress", {})
-            total = progress.get("dataTotalBytes", 0)
-            done = f"{100 * progress.get('dataProcessedBytes', 0) // total}%" if total else ""
-            return [meta["name"], status.get("phase", ""), obj["spec"].get("vmiName", ""),
-                    state.get("sourceNode", ""), state.get("targetNode", ""), done, age]
-        case "VirtualMachineInstanceReplicaSet":
-            desired = obj["spec"].get("replicas", DEFAULT_REPLICAS)
-            return [meta["name"], str(desired), str(status.get("replicas", 0)),
-                    str(status.get("readyReplicas", 0)), age]
-        case kind if kind in HCO_KINDS or kind in INSTANCETYPE_KINDS or kind == PRESET:
-            return [meta["name"], age]
-        case _:
-            ready = status.get("conditions", [{}])[0].get("status") == "True"
-            cordoned = ",SchedulingDisabled" if obj.get("spec", {}).get("unschedulable") else ""
-            return [meta["name"], ("Ready" if ready else "NotReady") + cordoned, age]
+def _text(column: Column, obj: dict[str, Any]) -> str:
+    """A printer column's cell as kubectl prints it: a date as an age."""
+    value = column.cell(obj)
+    if column.type == "date":
+        return _age(value or "")
+    return "" if value is None else str(value)
 
 
-HEADERS = {
-    "VirtualMachine": ["NAME", "AGE", "STATUS", "READY"],
-    "VirtualMachineInstance": ["NAME", "AGE", "PHASE", "NODENAME", "READY"],
-    "Node": ["NAME", "STATUS", "AGE"],
-    "VirtualMachineInstanceMigration": ["NAME", "PHASE", "VMI", "SOURCE", "TARGET", "PROGRESS",
-                                        "AGE"],
-    "VirtualMachineInstanceReplicaSet": ["NAME", "DESIRED", "CURRENT", "READY", "AGE"],
-    **{kind: ["NAME", "AGE"] for kind in (*HCO_KINDS, *INSTANCETYPE_KINDS, PRESET)},
-}
+def printed_rows(kind: str, items: list[dict[str, Any]]) -> list[list[str]]:
+    """A kind's table, header first, from its declared printer columns."""
+    columns = kinds.resolve(kind).columns
+    return [[c.name for c in columns]] + [[_text(c, obj) for c in columns] for obj in items]
 
 
 def table(rows: list[list[str]]) -> str:
@@ -137,11 +111,11 @@ async def cmd_apply(args: argparse.Namespace, vb: Client) -> int:
 
 def scope(kind: str, namespace: str) -> str:
     """The namespace a command looks in: none for a cluster-wide kind (nodes, HCO's)."""
-    return "" if kind in CLUSTER_SCOPED else namespace
+    return "" if is_cluster_scoped(kind) else namespace
 
 
 async def cmd_get(args: argparse.Namespace, vb: Client) -> int:
-    kind = resolve_kind(args.kind)
+    kind = kinds.resolve(args.kind).kind
     namespace = "" if args.all_namespaces else scope(kind, args.namespace)
     if args.at is not None:
         items = await vb.query_at(args.at, kind, namespace, args.name or "")
@@ -156,8 +130,7 @@ async def cmd_get(args: argparse.Namespace, vb: Client) -> int:
     elif not items:
         print(f"No resources found in {namespace or 'any'} namespace.")
     else:
-        rows = [HEADERS[kind]] + [_row(kind, o) for o in items]
-        print(table(rows))
+        print(table(printed_rows(kind, items)))
     return 0
 
 
@@ -170,7 +143,7 @@ async def cmd_act(args: argparse.Namespace, vb: Client) -> int:
 
 
 async def cmd_scale(args: argparse.Namespace, vb: Client) -> int:
-    kind = resolve_kind(args.kind)
+    kind = kinds.resolve(args.kind).kind
     if kind != REPLICA_SET:
         raise InvalidSpec("kind", f"only a {REPLICA_SET} scales, not a {kind}")
     await vb.scale(args.namespace, args.name, args.replicas)
@@ -179,7 +152,7 @@ async def cmd_scale(args: argparse.Namespace, vb: Client) -> int:
 
 
 async def cmd_delete(args: argparse.Namespace, vb: Client) -> int:
-    kind = resolve_kind(args.kind)
+    kind = kinds.resolve(args.kind).kind
     extra = {} if args.grace_period is None else {"grace_period_seconds": args.grace_period}
     await vb.act(kind, "delete", scope(kind, args.namespace), args.name, **extra)
     group = resource_of(kind)[0]
@@ -188,7 +161,7 @@ async def cmd_delete(args: argparse.Namespace, vb: Client) -> int:
 
 
 async def cmd_watch(args: argparse.Namespace, vb: Client) -> int:
-    kind = resolve_kind(args.kind)
+    kind = kinds.resolve(args.kind).kind
     namespace = scope(kind, args.namespace)
     async for change in vb.watch(kind, namespace, args.name or "", since=args.since):
         obj = change.object or {}
@@ -209,7 +182,7 @@ async def cmd_history(args: argparse.Namespace, vb: Client) -> int:
     if args.correlation:
         entries = await vb.correlated(args.correlation)
     elif args.kind and args.name:
-        entries = await vb.history(resolve_kind(args.kind), args.namespace, args.name)
+        entries = await vb.history(kinds.resolve(args.kind).kind, args.namespace, args.name)
     else:
         raise InvalidSpec("history", "needs KIND NAME, or --correlation ID")
     if args.output == "json":
@@ -230,7 +203,7 @@ async def cmd_history(args: argparse.Namespace, vb: Client) -> int:
 
 
 async def cmd_patch(args: argparse.Namespace, vb: Client) -> int:
-    kind = resolve_kind(args.kind)
+    kind = kinds.resolve(args.kind).kind
     try:
         patch = json.loads(args.patch)
     except json.JSONDecodeError as e:
@@ -245,7 +218,7 @@ async def cmd_patch(args: argparse.Namespace, vb: Client) -> int:
 
 async def cmd_annotate(args: argparse.Namespace, vb: Client) -> int:
     """`key=value` sets (with --overwrite if set already), `key-` removes."""
-    kind = resolve_kind(args.kind)
+    kind = kinds.resolve(args.kind).kind
     current = (await vb.get(kind, args.namespace, args.name))["metadata"].get("annotations", {})
     changes: dict[str, str | None] = {}
     for item in args.annotations:
@@ -264,7 +237,7 @@ async def cmd_annotate(args: argparse.Namespace, vb: Client) -> int:
 
 
 def _node_name(args: argparse.Namespace) -> str:
-    if resolve_kind(args.kind) != "Node":
+    if kinds.resolve(args.kind).kind != "Node":
         raise InvalidSpec("kind", f"{args.command} works on nodes only")
     return str(args.name)
 

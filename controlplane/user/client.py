@@ -31,6 +31,7 @@ from nats.js.kv import KeyValue
 
 from controlplane.defaults import COMMAND_AWAIT_TIMEOUT_SECONDS
 from events.api.errors import Forbidden, InvalidSpec, NotFound, TooManyRequests
+from events.api.kinds import token_of
 from events.api.manifest import decode_object
 from events.api.node import LabelBody, TaintBody, TaintKey
 from events.api.replicaset import REPLICA_SET, ScaleBody
@@ -69,7 +70,6 @@ from events.language.subjects import DEFAULT_PREFIX, Layout, encode_token
 from projections.cluster import ClusterState
 from projections.eviction import DrainProgress, drain_progress
 from projections.follower import first_outcome, follow
-from projections.query import KIND_TOKENS
 from projections.views import TERMINAL_PHASES
 
 __all__ = ["Change", "Client", "CommandRejected", "HistoryEntry"]
@@ -203,8 +203,8 @@ class Client:
         is harmless: the stream's dedupe, then the command's marker, answer it). A publish
         NATS cannot take now is sent again, for up to `RETRY_WITHIN_SECONDS`."""
         check_envelope(command)
-        subject = self.layout.command_subject(command.actor, KIND_TOKENS.get(
-            command.kind, command.kind.lower()), command.verb)
+        subject = self.layout.command_subject(command.actor, token_of(command.kind),
+                                             command.verb)
         ack = await retry_within(
             lambda: js_publish(self.nc, subject, msgspec.msgpack.encode(command),
                                headers={"Nats-Msg-Id": command.id},

@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import re
-from typing import Final
-
 import msgspec
-
-DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-"""Kubernetes' name pattern (without its 63-character limit); such names are subject-safe."""
 
 
 class ApiStruct(

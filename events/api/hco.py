@@ -9,13 +9,13 @@ Fields whose Go JSON name is not plain camelCase (`vmiCPUAllocationRatio`, `minC
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
 from events.api import hco_defaults as d
 from events.api.base import ApiStruct, ObjectMeta
-from events.api.manifest import register_kind
+from events.api.kinds import Kind, declare
 from events.api.scheduling import LabelSelector, Toleration
 
 UninstallStrategy = Literal["BlockUninstallIfWorkloadsExist", "RemoveWorkloads"]
@@ -326,6 +326,27 @@ class OperandObject(ApiStruct):
     status: dict[str, Any] = {}
 
 
-register_kind(d.KIND, d.API_VERSION, HyperConverged)
-for _kind, _api_version in d.OPERAND_API_VERSIONS.items():
-    register_kind(_kind, _api_version, OperandObject)
+def _declare(kind: str, api_version: str, manifest: type[ApiStruct], *,
+             short_names: tuple[str, ...] = (), categories: tuple[str, ...] = ()) -> Kind:
+    """HCO's kinds are one object each for the whole cluster, decided at the cluster scope;
+    an operand's aggregate token is its kind, lower-cased."""
+    group, _, version = api_version.partition("/")
+    return declare(Kind(kind=kind, group=group, versions=(version,), plural=f"{kind.lower()}s",
+                        token="hco" if kind == d.KIND else kind.lower(),
+                        short_names=short_names, categories=categories, one_per_cluster=True,
+                        manifest=manifest))
+
+
+HYPERCONVERGED: Final = _declare(d.KIND, d.API_VERSION, HyperConverged,
+                                 short_names=("hco", "hcos"))
+OPERANDS: Final = {
+    "KubeVirt": _declare("KubeVirt", d.OPERAND_API_VERSIONS["KubeVirt"], OperandObject,
+                         short_names=("kv", "kvs"), categories=("all",)),
+    "CDI": _declare("CDI", d.OPERAND_API_VERSIONS["CDI"], OperandObject,
+                    short_names=("cdi", "cdis")),
+    "NetworkAddonsConfig": _declare("NetworkAddonsConfig",
+                                    d.OPERAND_API_VERSIONS["NetworkAddonsConfig"],
+                                    OperandObject),
+    "SSP": _declare("SSP", d.OPERAND_API_VERSIONS["SSP"], OperandObject),
+}
+"""The operand CRs HCO writes, one of each."""

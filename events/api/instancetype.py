@@ -9,6 +9,7 @@ its Go tags are not camelCase, e.g. `preferredCPUTopology`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -28,7 +29,8 @@ from events.api.domain import (
     Timer,
 )
 from events.api.errors import InvalidSpec
-from events.api.manifest import check_dns1123_subdomain, register_kind
+from events.api.kinds import Kind, declare
+from events.api.names import check_dns1123_subdomain
 from events.api.resources import quantity
 
 GROUP: Final = "instancetype.kubevirt.io"
@@ -295,9 +297,30 @@ def validate_preference(obj: PreferenceObject) -> None:
                           "over cores and threads")
 
 
-for _cls, _validate in ((VirtualMachineInstancetype, validate_instancetype),
-                        (VirtualMachineClusterInstancetype, validate_instancetype),
-                        (VirtualMachinePreference, validate_preference),
-                        (VirtualMachineClusterPreference, validate_preference)):
-    register_kind(_cls.__name__, API_VERSIONS, _cls, name_rule=check_dns1123_subdomain,
-                  cluster_scoped=_cls.__name__ in CLUSTER_KINDS, validate=_validate)
+def _declare(manifest: type[ApiStruct], validate: Callable[[Any], None],
+             short_names: tuple[str, ...]) -> Kind:
+    kind = manifest.__name__
+    return declare(Kind(
+        kind=kind, group=GROUP, versions=tuple(v.rpartition("/")[2] for v in API_VERSIONS),
+        plural=f"{kind.lower()}s", token=kind.lower().replace("virtualmachine", "vm", 1),
+        short_names=short_names, namespaced=kind not in CLUSTER_KINDS, manifest=manifest,
+        name_rule=check_dns1123_subdomain, validate=validate))
+
+
+VIRTUAL_MACHINE_INSTANCETYPE: Final = _declare(
+    VirtualMachineInstancetype, validate_instancetype,
+    ("vminstancetype", "vminstancetypes", "vmf", "vmfs"))
+VIRTUAL_MACHINE_CLUSTER_INSTANCETYPE: Final = _declare(
+    VirtualMachineClusterInstancetype, validate_instancetype,
+    ("vmclusterinstancetype", "vmclusterinstancetypes", "vmcf", "vmcfs"))
+VIRTUAL_MACHINE_PREFERENCE: Final = _declare(
+    VirtualMachinePreference, validate_preference,
+    ("vmpreference", "vmpreferences", "vmpref", "vmprefs", "vmp", "vmps"))
+VIRTUAL_MACHINE_CLUSTER_PREFERENCE: Final = _declare(
+    VirtualMachineClusterPreference, validate_preference,
+    ("vmclusterpreference", "vmclusterpreferences", "vmcp", "vmcps"))
+CONTROLLER_REVISION: Final = declare(Kind(
+    kind="ControllerRevision", group="apps", versions=("v1",), plural="controllerrevisions",
+    token="controllerrevision", name_rule=check_dns1123_subdomain))
+"""The instancetype or preference a VM was expanded with, as it stood (written by virtbus
+only)."""

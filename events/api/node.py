@@ -9,9 +9,12 @@ and the older `feature.node.kubernetes.io/cpu-model-<model>` that VMIs still sel
 
 from __future__ import annotations
 
+from typing import Any, Final
+
 import msgspec
 
 from events.api.base import ApiStruct
+from events.api.kinds import AGE, NAME, Column, Kind, at_path, condition_status, declare
 from events.api.resources import HUGEPAGES_PREFIX
 from events.api.scheduling import Taint, TaintEffect
 
@@ -86,3 +89,16 @@ class TaintBody(msgspec.Struct, frozen=True, kw_only=True):
     add: list[Taint] = []
     remove: list[TaintKey] = []
     overwrite: bool = False
+
+
+def _node_status(obj: dict[str, Any]) -> str:
+    """kubectl's STATUS of a node: Ready or NotReady, and SchedulingDisabled when cordoned."""
+    ready = "Ready" if condition_status(obj, "Ready") == "True" else "NotReady"
+    return ready + (",SchedulingDisabled" if at_path(obj, ".spec.unschedulable") else "")
+
+
+NODE: Final = declare(Kind(
+    kind="Node", group="", versions=("v1",), plural="nodes", token="node", short_names=("no",),
+    namespaced=False, subresources=("status",),
+    columns=(NAME, Column("STATUS", ".status.conditions", value=_node_status), AGE)))
+"""Written by virtbus only: an agent's reports, an operator's label, taint, cordon, drain."""

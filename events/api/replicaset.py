@@ -10,7 +10,7 @@ import msgspec
 from events.api.base import ApiStruct, ObjectMeta
 from events.api.domain import DomainSpec
 from events.api.errors import InvalidSpec
-from events.api.manifest import register_kind
+from events.api.kinds import AGE, NAME, Column, Kind, at_path, declare
 from events.api.scheduling import LabelSelector, selector_matches
 from events.api.validation import validate_vmi_spec
 from events.api.vm import API_VERSION, VirtualMachineInstanceTemplateSpec
@@ -87,6 +87,25 @@ def validate_replica_set(rs: VirtualMachineInstanceReplicaSet) -> None:
         raise InvalidSpec("spec.selector", "selector does not match labels.")
 
 
-register_kind(PRESET, API_VERSION, VirtualMachineInstancePreset, validate=validate_preset)
-register_kind(REPLICA_SET, API_VERSION, VirtualMachineInstanceReplicaSet,
-              validate=validate_replica_set)
+def _desired(obj: dict[str, Any]) -> int:
+    replicas = at_path(obj, ".spec.replicas")
+    return DEFAULT_REPLICAS if replicas is None else int(replicas)
+
+
+_GROUP: Final = API_VERSION.partition("/")[0]
+VIRTUAL_MACHINE_INSTANCE_PRESET: Final = declare(Kind(
+    kind=PRESET, group=_GROUP, versions=("v1",), plural="virtualmachineinstancepresets",
+    token="vmipreset", short_names=("vmipreset", "vmipresets"), categories=("all",),
+    manifest=VirtualMachineInstancePreset, validate=validate_preset))
+VIRTUAL_MACHINE_INSTANCE_REPLICA_SET: Final = declare(Kind(
+    kind=REPLICA_SET, group=_GROUP, versions=("v1",),
+    plural="virtualmachineinstancereplicasets", token="vmirs", short_names=("vmirs", "vmirss"),
+    categories=("all",), manifest=VirtualMachineInstanceReplicaSet,
+    validate=validate_replica_set, subresources=("status", "scale"),
+    columns=(NAME,
+             Column("DESIRED", ".spec.replicas", "integer", value=_desired),
+             Column("CURRENT", ".status.replicas", "integer",
+                    value=lambda o: at_path(o, ".status.replicas") or 0),
+             Column("READY", ".status.readyReplicas", "integer",
+                    value=lambda o: at_path(o, ".status.readyReplicas") or 0),
+             AGE)))

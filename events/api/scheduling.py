@@ -11,6 +11,7 @@ import re
 from typing import Final, Literal
 
 from events.api.base import ApiStruct
+from events.api.names import DNS1123_SUBDOMAIN, DNS1123_SUBDOMAIN_MAX
 
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 TAINT_EFFECTS: Final = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -128,7 +129,6 @@ class TopologySpreadConstraint(ApiStruct):
 
 
 _LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 LABEL_NAME_RULE: Final = ("must be 63 characters or less, consist of alphanumeric characters, "
                           "'-', '_' or '.', and start and end with an alphanumeric character")
 
@@ -136,7 +136,8 @@ LABEL_NAME_RULE: Final = ("must be 63 characters or less, consist of alphanumeri
 def label_key_problem(key: str) -> str | None:
     """What is wrong with a label (or taint) key as Kubernetes validates it, or None."""
     prefix, _, name = key.rpartition("/")
-    bad_prefix = not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix)
+    bad_prefix = (not prefix or len(prefix) > DNS1123_SUBDOMAIN_MAX
+                  or not DNS1123_SUBDOMAIN.fullmatch(prefix))
     if "/" in key and bad_prefix:
         return "prefix part must be a lowercase RFC 1123 subdomain of at most 253 characters"
     if len(name) > 63 or not _LABEL_NAME.fullmatch(name):

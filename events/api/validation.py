@@ -13,8 +13,14 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
-from events.api.base import DNS1123_LABEL
 from events.api.errors import InvalidSpec
+from events.api.names import (
+    DNS1123_LABEL,
+    DNS1123_LABEL_MAX,
+    DNS1123_LABEL_RULE,
+    DNS1123_SUBDOMAIN,
+    DNS1123_SUBDOMAIN_MAX,
+)
 from events.api.resources import cpu_topology, quantity
 from events.api.vmi_defaults import DISK_BUS
 
@@ -86,22 +92,6 @@ MAX_DNS_SEARCH_LIST_CHARS = 256
 PORT_PROTOCOLS = ("TCP", "UDP")
 PORT_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 PORT_NAME_MAX = 15
-DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-DNS1123_SUBDOMAIN_MAX = 253
-DNS1123_LABEL_MAX = 63
-DNS1123_LABEL_RULE = (
-    f"must be a DNS-1123 label: at most {DNS1123_LABEL_MAX} lower-case letters, digits or "
-    "'-', starting and ending with a letter or digit"
-)
-"""Volume names, as Kubernetes requires of a pod's volume names (KubeVirt's API says so of a
-VMI's, and makes launcher pod volumes of them); a disk's name is its volume's. The agent
-makes host files of them (`<volume>.img`), so nothing else may pass."""
-DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-DNS1123_SUBDOMAIN_MAX = 253
-DNS1123_SUBDOMAIN_RULE = (
-    f"must be a DNS-1123 subdomain: at most {DNS1123_SUBDOMAIN_MAX} characters, DNS-1123 "
-    "labels joined by '.'"
-)
 
 INTERFACE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 INTERFACE_NAME_RULE = "can only contain letters, digits, dashes (-) or underscores (_)"
@@ -221,6 +211,9 @@ def _one_of(value: str, allowed: Iterable[str], field: str) -> None:
 
 
 def _dns1123_label(name: str, field: str) -> None:
+    """Volume names, as Kubernetes requires of a pod's volume names (KubeVirt's API says so of
+    a VMI's, and makes launcher pod volumes of them); a disk's name is its volume's. The
+    agent makes host files of them (`<volume>.img`), so nothing else may pass."""
     _require(
         len(name) <= DNS1123_LABEL_MAX and DNS1123_LABEL.fullmatch(name) is not None,
         field,

@@ -35,8 +35,8 @@ from typing import Final, Literal
 
 import msgspec
 
-from events.api.base import DNS1123_LABEL
 from events.api.errors import InvalidSpec
+from events.api.names import DNS1123_LABEL
 from events.authorization.policy import KUBEVIRT_GROUP, Policy, Request, load_policy
 from events.jetstream.connect import inbox_for
 from events.jetstream.streams import reads_direct, work_consumer

@@ -24,10 +24,8 @@ from typing import Final, Literal
 import msgspec
 import yaml
 
+from events.api import kinds
 from events.api.errors import InvalidSpec
-from events.api.hco_defaults import KIND as HCO_API_KIND
-from events.api.instancetype import CLUSTER_KINDS
-from events.language.kinds.hco import OPERAND_TOKENS
 
 RBAC_API_VERSION: Final = "rbac.authorization.k8s.io/v1"
 WILDCARD: Final = "*"
@@ -185,28 +183,6 @@ BUILTIN_CLUSTER_ROLES: Final = {
 aggregated default roles (virt-operator's `rbac/cluster.go`): view reads, edit also writes
 and acts, admin also deletes collections."""
 
-_GROUPS: Final = {
-    "VirtualMachine": (KUBEVIRT_GROUP, "virtualmachines"),
-    "VirtualMachineInstance": (KUBEVIRT_GROUP, "virtualmachineinstances"),
-    "VirtualMachineInstanceMigration": (KUBEVIRT_GROUP, "virtualmachineinstancemigrations"),
-    "HyperConverged": ("hco.kubevirt.io", "hyperconvergeds"),
-    "KubeVirt": (KUBEVIRT_GROUP, "kubevirts"),
-    "CDI": ("cdi.kubevirt.io", "cdis"),
-    "SSP": ("ssp.kubevirt.io", "ssps"),
-    "NetworkAddonsConfig": ("networkaddonsoperator.network.kubevirt.io",
-                            "networkaddonsconfigs"),
-    "Node": ("", "nodes"),
-    "VirtualMachineInstancetype": (INSTANCETYPE_GROUP, "virtualmachineinstancetypes"),
-    "VirtualMachineClusterInstancetype": (INSTANCETYPE_GROUP,
-                                          "virtualmachineclusterinstancetypes"),
-    "VirtualMachinePreference": (INSTANCETYPE_GROUP, "virtualmachinepreferences"),
-    "VirtualMachineClusterPreference": (INSTANCETYPE_GROUP, "virtualmachineclusterpreferences"),
-    "ControllerRevision": ("apps", "controllerrevisions"),
-    "VirtualMachineInstancePreset": (KUBEVIRT_GROUP, "virtualmachineinstancepresets"),
-    "VirtualMachineInstanceReplicaSet": (KUBEVIRT_GROUP, "virtualmachineinstancereplicasets"),
-}
-"""Each kind's API group and resource, as the Kubernetes API names them."""
-
 _ACTIONS: Final = {"start": "virtualmachines/start", "stop": "virtualmachines/stop",
                    "restart": "virtualmachines/restart", "migrate": "virtualmachines/migrate",
                    "pause": "virtualmachineinstances/pause",
@@ -222,15 +198,13 @@ _OBJECT_VERBS: Final = {"apply": "patch", "create": "create", "delete": "delete"
 roles grant no `/scale` subresource: a replica set's editors scale it)."""
 
 
-CLUSTER_SCOPED: Final = frozenset({"Node", HCO_API_KIND, *OPERAND_TOKENS, *CLUSTER_KINDS})
-"""Kinds whose objects are the cluster's, one of each name (their namespace is not part of
-their id): only a cluster-wide grant covers them, whatever namespace a request names."""
-
-
 def resource_of(kind: str) -> tuple[str, str]:
-    """(API group, resource) of a kind; one of no known API is its lowercase name in
-    `virtbus.io`, which only a wildcard rule grants."""
-    return _GROUPS.get(kind, ("virtbus.io", kind.lower()))
+    """(API group, resource) of a kind, as its declaration names them; one that is not
+    declared is its lowercase name in `virtbus.io`, which only a wildcard rule grants."""
+    declared = kinds.kind_named(kind)
+    if declared is None:
+        return "virtbus.io", kind.lower()
+    return declared.group, declared.plural
 
 
 def command_request(kind: str, verb: str, namespace: str, manifest: object = None
@@ -241,7 +215,7 @@ def command_request(kind: str, verb: str, namespace: str, manifest: object = Non
     (a node, the HyperConverged and its operands, cluster instancetypes) is decided at the
     cluster scope, whatever the envelope or the manifest says: its handler acts on the one
     cluster object, so a grant in one namespace must not reach it."""
-    if kind in CLUSTER_SCOPED:
+    if kinds.is_cluster_scoped(kind):
         namespace = ""
     elif verb == "apply" and isinstance(manifest, dict):
         meta = manifest.get("metadata")

@@ -27,8 +27,8 @@ from uuid import UUID
 
 import msgspec
 
-from events.api.base import DNS1123_LABEL
 from events.api.errors import InvalidSpec
+from events.api.names import DNS1123_LABEL
 
 DEFAULT_PREFIX: Final = "virtbus"
 CLUSTER_SCOPE: Final = "_"

@@ -54,6 +54,7 @@ from nats.aio.msg import Msg
 
 from controlplane.handling import marker_id
 from controlplane.user.client import Client
+from events.api.kinds import token_of
 from events.jetstream.directget import read_all, sequence
 from events.language.codec import event_id
 from events.language.messages import (
@@ -66,7 +67,6 @@ from events.language.messages import (
 )
 from nodeagent.worklog import AppliedWork
 from projections.follower import read_event
-from projections.query import KIND_TOKENS
 from tests.system.conftest import hco_settled
 from tests.system.harness import domains, eventually, last_sequence, ready_nodes, vm_manifest
 
@@ -265,7 +265,7 @@ async def late_retry(vb: Client, command: Command, load: Load) -> Outcome:
                                 future=arrival, max_msgs=1)
     try:
         subject = vb.layout.command_subject(
-            command.actor, KIND_TOKENS.get(command.kind, command.kind.lower()), command.verb)
+            command.actor, token_of(command.kind), command.verb)
         await vb.js.publish(subject, msgspec.msgpack.encode(command),
                             headers={"Nats-Msg-Id": f"{command.id}:late:{load.late_retries}"})
         try:

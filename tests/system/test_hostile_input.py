@@ -39,6 +39,7 @@ from nats.aio.msg import Msg
 import controlplane.writer  # noqa: F401  (registers every handler in HANDLERS)
 from controlplane.handling import HANDLERS, marker_id
 from controlplane.user.client import Client
+from events.api.kinds import declared, token_of
 from events.jetstream.datastore import TOPIC_HEADER
 from events.jetstream.directget import PAGE, direct_batch, read_all, sequence
 from events.language.codec import Event
@@ -52,7 +53,6 @@ from events.language.messages import (
     message_decoder,
 )
 from projections.follower import read_event
-from projections.query import KIND_TOKENS
 from tests.system.harness import System, eventually, last_sequence, vm_manifest
 
 T = TypeVar("T")
@@ -297,7 +297,7 @@ def command_message(layout_subject: Callable[[str, str, str], str], draft: Draft
               "correlation_id": draft.correlation_id,
               "grace_period_seconds": draft.grace_period_seconds}
     data = encode_command(fields, draft.raw)
-    kind_token = KIND_TOKENS.get(draft.kind, draft.kind.lower())
+    kind_token = token_of(draft.kind)
     subject = layout_subject(draft.subject_actor,
                              kind_token if _SAFE_TOKEN.fullmatch(kind_token) else "x",
                              draft.verb if _SAFE_TOKEN.fullmatch(draft.verb) else "x")
@@ -435,7 +435,7 @@ async def draw_storm(vb: Client, run_seed: int) -> Storm:
     commands: list[Sent] = []
     for data in harvest(st.binary(max_size=512), RANDOM_COMMAND_PAYLOADS, run_seed):
         subject = layout.command_subject(rng.choice(["user:alice", "user:mallory", "ü.🙂"]),
-                                         rng.choice(sorted(set(KIND_TOKENS.values()))),
+                                         rng.choice(sorted({k.token for k in declared()})),
                                          rng.choice(["apply", "start", "delete", "x"]))
         commands.append(Sent(subject, data, "random bytes", decided(data)))
     commands.append(Sent(layout.command_subject("user:mallory", "vm", "apply"),

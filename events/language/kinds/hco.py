@@ -20,12 +20,12 @@ import msgspec
 
 from events.api import hco_defaults as d
 from events.api.base import ObjectMeta
-from events.api.hco import Condition, HyperConvergedSpec
+from events.api.hco import HYPERCONVERGED, OPERANDS, Condition, HyperConvergedSpec
 from events.language.codec import Event, event_type
 from events.language.subjects import aggregate_id
 
-HCO_KIND: Final = "hco"
-OPERAND_TOKENS: Final = {kind: kind.lower() for kind in d.OPERAND_API_VERSIONS}
+HCO_KIND: Final = HYPERCONVERGED.token
+OPERAND_TOKENS: Final = {kind: declared.token for kind, declared in OPERANDS.items()}
 """Operand kind -> the aggregate-id token of its CR (`kubevirt`, `cdi`, ...)."""
 
 

@@ -19,24 +19,22 @@ from typing import Any, Final
 
 from events.api.base import ObjectMeta
 from events.api.instancetype import (
-    CLUSTER_INSTANCETYPE,
-    CLUSTER_PREFERENCE,
-    INSTANCETYPE,
-    PREFERENCE,
+    CONTROLLER_REVISION,
+    VIRTUAL_MACHINE_CLUSTER_INSTANCETYPE,
+    VIRTUAL_MACHINE_CLUSTER_PREFERENCE,
+    VIRTUAL_MACHINE_INSTANCETYPE,
+    VIRTUAL_MACHINE_PREFERENCE,
     VirtualMachineInstancetypeSpec,
     VirtualMachinePreferenceSpec,
 )
 from events.language.codec import Event, event_type
 
-KIND_TOKENS: Final = {
-    INSTANCETYPE: "vminstancetype",
-    CLUSTER_INSTANCETYPE: "vmclusterinstancetype",
-    PREFERENCE: "vmpreference",
-    CLUSTER_PREFERENCE: "vmclusterpreference",
-}
+KIND_TOKENS: Final = {declared.kind: declared.token for declared in (
+    VIRTUAL_MACHINE_INSTANCETYPE, VIRTUAL_MACHINE_CLUSTER_INSTANCETYPE,
+    VIRTUAL_MACHINE_PREFERENCE, VIRTUAL_MACHINE_CLUSTER_PREFERENCE)}
 """Each kind's aggregate-id token."""
-REVISION_KIND: Final = "ControllerRevision"
-REVISION_TOKEN: Final = "controllerrevision"
+REVISION_KIND: Final = CONTROLLER_REVISION.kind
+REVISION_TOKEN: Final = CONTROLLER_REVISION.token
 
 
 @event_type("VirtualMachineInstancetypeApplied")

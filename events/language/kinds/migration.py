@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Final, Literal
 
 from events.api.base import ObjectMeta
+from events.api.migration import VIRTUAL_MACHINE_INSTANCE_MIGRATION
 from events.language.codec import Event, event_type
 from events.language.messages import MigrationAddress, MigrationMode, MigrationOrder
 
-MIGRATION_KIND: Final = "vmim"
+MIGRATION_KIND: Final = VIRTUAL_MACHINE_INSTANCE_MIGRATION.token
 
 MigrationPhase = Literal["Pending", "Scheduling", "Scheduled", "PreparingTarget", "TargetReady",
                          "Running", "Succeeded", "Failed"]

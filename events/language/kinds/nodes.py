@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Final
 
-from events.api.node import NodeInfo
+from events.api.node import NODE, NodeInfo
 from events.api.scheduling import Taint
 from events.language.codec import Event, event_type
 
-NODE_KIND: Final = "node"
+NODE_KIND: Final = NODE.token
 
 
 @event_type("NodeRegistered")

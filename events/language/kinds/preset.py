@@ -15,10 +15,13 @@ from __future__ import annotations
 from typing import Final
 
 from events.api.base import ObjectMeta
-from events.api.replicaset import VirtualMachineInstancePresetSpec
+from events.api.replicaset import (
+    VIRTUAL_MACHINE_INSTANCE_PRESET,
+    VirtualMachineInstancePresetSpec,
+)
 from events.language.codec import Event, event_type
 
-PRESET_KIND: Final = "vmipreset"
+PRESET_KIND: Final = VIRTUAL_MACHINE_INSTANCE_PRESET.token
 
 
 @event_type("VirtualMachineInstancePresetApplied")

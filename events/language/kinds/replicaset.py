@@ -15,10 +15,13 @@ from __future__ import annotations
 from typing import Final, Literal
 
 from events.api.base import ObjectMeta
-from events.api.replicaset import VirtualMachineInstanceReplicaSetSpec
+from events.api.replicaset import (
+    VIRTUAL_MACHINE_INSTANCE_REPLICA_SET,
+    VirtualMachineInstanceReplicaSetSpec,
+)
 from events.language.codec import Event, event_type
 
-REPLICA_SET_KIND: Final = "vmirs"
+REPLICA_SET_KIND: Final = VIRTUAL_MACHINE_INSTANCE_REPLICA_SET.token
 FailureReason = Literal["FailedCreate", "FailedDelete"]
 
 

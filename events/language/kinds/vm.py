@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Final, Literal
 
 from events.api.base import ObjectMeta
+from events.api.virtualmachines import VIRTUAL_MACHINE, VIRTUAL_MACHINE_INSTANCE
 from events.api.vm import (
     VirtualMachineInstanceNetworkInterface,
     VirtualMachineInstanceSpec,
@@ -16,8 +17,8 @@ from events.api.vm import (
 )
 from events.language.codec import Event, event_type
 
-VM_KIND: Final = "vm"
-VMI_KIND: Final = "vmi"
+VM_KIND: Final = VIRTUAL_MACHINE.token
+VMI_KIND: Final = VIRTUAL_MACHINE_INSTANCE.token
 
 PAUSED_USER_REQUESTED: Final = "PausedUserRequested"
 """The reason of the Paused condition when a user paused the guest."""
