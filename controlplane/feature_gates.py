@@ -44,7 +44,7 @@ from events.api.errors import InvalidSpec
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from controlplane.handling import Decision
+    from controlplane.decision import Decision
     from events.api.validation import VMISpecLike
 
 VM_SPEC_PATH: Final = "spec.template.spec"

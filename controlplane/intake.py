@@ -37,6 +37,7 @@ from nats.errors import Error as NatsError
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from controlplane.announcer import Announcer
+from controlplane.decision import INTERNAL_VERBS, Verdict
 from controlplane.defaults import (
     INTAKE_CONCURRENCY,
     INTAKE_RETRY_SECONDS,
@@ -44,7 +45,6 @@ from controlplane.defaults import (
     PULL_EXPIRES_SECONDS,
     PULL_TOP_UP,
 )
-from controlplane.handling import INTERNAL_VERBS, Verdict
 from controlplane.writer import Writer
 from events.authorization.policy import Policy, command_request
 from events.jetstream.transient import retry_until_stopped, retry_while_running

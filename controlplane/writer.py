@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 from nats.aio.client import Client
 
@@ -25,7 +24,8 @@ import controlplane.replicaset.commands
 import controlplane.vm.commands
 import controlplane.vmi.commands
 import controlplane.workloadupdate.commands
-from controlplane.handling import Announce, CommandHandler, Result, nobody
+from controlplane.decision import target_key
+from controlplane.writeprotocol import Announce, CommandHandler, Result, nobody
 from events.jetstream.datastore import EventLog
 from events.language.messages import Command
 from events.language.subjects import Layout
@@ -36,19 +36,6 @@ HANDLER_MODULES = (controlplane.vm.commands, controlplane.vmi.commands,
                    controlplane.workloadupdate.commands, controlplane.instancetype.commands,
                    controlplane.preset.commands, controlplane.replicaset.commands)
 """Imported for their `@handles` registrations."""
-
-
-def target_key(command: Command) -> str:
-    """The object a command is about, as far as its envelope (or an apply's manifest) says:
-    commands with one key are decided one after another, in arrival order."""
-    namespace, name = command.namespace, command.name
-    manifest: Any = command.manifest
-    if command.verb == "apply" and isinstance(manifest, dict):
-        meta = manifest.get("metadata")
-        if isinstance(meta, dict):
-            namespace = str(meta.get("namespace", namespace))
-            name = str(meta.get("name", name))
-    return f"{command.kind}/{namespace}/{name}"
 
 
 class Turns:

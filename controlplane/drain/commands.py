@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from controlplane.handling import Decision, Rejected, handles
+from controlplane.decision import Decision, Rejected, handles
 from controlplane.node.commands import existing_node
 from events.language.kinds.migration import VirtualMachineInstanceEvacuationRequested
 from events.language.kinds.nodes import NodeDrained, NodeDrainRequested

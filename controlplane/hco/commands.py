@@ -20,7 +20,7 @@ from typing import Any, Final
 import msgspec
 
 from controlplane.aggregate import Aggregate
-from controlplane.handling import Decision, Rejected, handles
+from controlplane.decision import Decision, Rejected, handles
 from controlplane.hco import jsonpatch
 from controlplane.hco.conditions import merge_conditions, system_health
 from controlplane.hco.desired import pending_write

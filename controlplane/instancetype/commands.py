@@ -6,7 +6,7 @@ captured (`revisions`), and one not started yet expands with whatever exists whe
 
 from __future__ import annotations
 
-from controlplane.handling import Decision, Rejected, handles
+from controlplane.decision import Decision, Rejected, handles
 from events.api.instancetype import (
     CLUSTER_KINDS,
     VirtualMachineClusterInstancetype,

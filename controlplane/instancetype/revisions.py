@@ -13,7 +13,7 @@ from typing import Final
 
 import msgspec
 
-from controlplane.handling import Decision, Rejected
+from controlplane.decision import Decision, Rejected
 from controlplane.instancetype.expand import (
     Expanded,
     InstancetypeConflict,

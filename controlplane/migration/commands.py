@@ -31,7 +31,7 @@ from typing import Final
 import msgspec
 
 from controlplane.aggregate import Aggregate
-from controlplane.handling import Decision, Rejected, handles
+from controlplane.decision import Decision, Rejected, handles
 from controlplane.hco.commands import effective_kubevirt_configuration
 from controlplane.migration.config import migration_config
 from controlplane.vmi.commands import agent_version

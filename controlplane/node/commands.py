@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from controlplane.aggregate import Aggregate
-from controlplane.handling import Decision, Rejected, handles
+from controlplane.decision import Decision, Rejected, handles
 from events.api.errors import InvalidSpec
 from events.api.node import LabelBody, NodeInfo, TaintBody
 from events.api.scheduling import label_key_problem, label_value_problem

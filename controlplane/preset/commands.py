@@ -24,7 +24,7 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from controlplane.handling import Decision, Rejected, handles
+from controlplane.decision import Decision, Rejected, handles
 from events.api.base import ObjectMeta
 from events.api.domain import Clock, DomainSpec
 from events.api.replicaset import PRESET, VirtualMachineInstancePreset

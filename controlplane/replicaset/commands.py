@@ -13,8 +13,8 @@ from __future__ import annotations
 import msgspec
 
 from controlplane.aggregate import Aggregate
+from controlplane.decision import Decision, Rejected, handles
 from controlplane.feature_gates import VM_METADATA_PATH, VM_SPEC_PATH, admit_by_feature_gates
-from controlplane.handling import Decision, Rejected, handles
 from controlplane.preset.commands import presets_in
 from controlplane.vmi.commands import create, request_deletion
 from events.api.base import ObjectMeta

@@ -30,12 +30,12 @@ from __future__ import annotations
 import random
 
 from controlplane.aggregate import Aggregate
+from controlplane.decision import Decision, Rejected, handles
 from controlplane.defaults import (
     CRASH_LOOP_BACKOFF_MAX_DELAY_SECONDS,
     CRASH_LOOP_BACKOFF_MIN_INTERVAL_SECONDS,
 )
 from controlplane.feature_gates import VM_METADATA_PATH, VM_SPEC_PATH, admit_by_feature_gates
-from controlplane.handling import Decision, Rejected, handles
 from controlplane.instancetype.revisions import admitted_vm, delete_revisions
 from events.api.vm import VirtualMachine
 from events.language.ids import random_uuid

@@ -10,8 +10,8 @@ import msgspec
 import structlog
 
 from controlplane.aggregate import Aggregate
+from controlplane.decision import Decision, Rejected, handles
 from controlplane.feature_gates import VMI_METADATA_PATH, VMI_SPEC_PATH, admit_by_feature_gates
-from controlplane.handling import Decision, Rejected, handles
 from controlplane.hco.commands import pod_binding, with_cluster_cpu_model, with_cpu_model
 from controlplane.instancetype.revisions import expand_for_start
 from controlplane.preset.commands import fill, presets_in

@@ -8,7 +8,7 @@ from typing import Final
 
 import msgspec
 
-from controlplane.handling import Decision, Rejected, handles
+from controlplane.decision import Decision, Rejected, handles
 from controlplane.hco.commands import KUBEVIRT_CR_ID
 from controlplane.vmi.commands import request_deletion
 from controlplane.workloadupdate.config import workload_update_config

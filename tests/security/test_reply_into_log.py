@@ -21,7 +21,7 @@ from nats.aio.client import Client as Nats
 from nats.js.api import StreamInfo
 
 import controlplane.writer  # noqa: F401  (registers the command handlers)
-from controlplane.handling import CommandHandler
+from controlplane.writeprotocol import CommandHandler
 from events.jetstream.connect import connect
 from events.jetstream.datastore import TOPIC_HEADER, VERSION_HEADER, EventLog, JetStreamDatastore
 from events.jetstream.directget import read_all

@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 import controlplane.writer  # noqa: F401  (registers the command handlers)
-from controlplane.handling import CommandHandler, Result
+from controlplane.writeprotocol import CommandHandler, Result
 from events.jetstream.bridge import NatsBridge
 from events.jetstream.datastore import EventLog, JetStreamDatastore
 from events.jetstream.store import JetStreamApplicationRecorder

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Callable
 
 from nats.aio.client import Client
 
-from controlplane.handling import Announce, Result, nobody
 from controlplane.loop import ControlLoop
+from controlplane.writeprotocol import Announce, Result, nobody
 from controlplane.writer import Writer
 from events.jetstream.connect import connect
 from events.language.codec import Event

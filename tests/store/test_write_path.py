@@ -18,9 +18,11 @@ import structlog
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
 
-from controlplane.handling import HANDLERS, Decision, Scan, Verdict, handles, nobody
+from controlplane.decision import HANDLERS, Decision, Verdict, handles
 from controlplane.hco.commands import KUBEVIRT_CR_ID
 from controlplane.hco.controller import HCOController
+from controlplane.memory import Scan
+from controlplane.writeprotocol import nobody
 from controlplane.writer import Writer
 from events.api import hco_defaults as d
 from events.jetstream.connect import connect

@@ -52,8 +52,8 @@ import msgspec
 import pytest
 from nats.aio.msg import Msg
 
-from controlplane.handling import marker_id
 from controlplane.user.client import Client
+from controlplane.writeprotocol import marker_id
 from events.api.kinds import token_of
 from events.jetstream.directget import read_all, sequence
 from events.language.codec import event_id

@@ -40,11 +40,11 @@ from nats.errors import NoRespondersError
 from structlog.testing import capture_logs
 
 from controlplane.defaults import MAX_DELIVER
-from controlplane.handling import marker_id
 from controlplane.intake import Consumer
 from controlplane.lease import LEASE_KEY
 from controlplane.loop import ControlLoop
 from controlplane.user.client import Client
+from controlplane.writeprotocol import marker_id
 from controlplane.writer import Writer
 from events.jetstream.connect import connect
 from events.jetstream.datastore import TOPIC_HEADER, VERSION_HEADER

@@ -37,8 +37,9 @@ from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
 import controlplane.writer  # noqa: F401  (registers every handler in HANDLERS)
-from controlplane.handling import HANDLERS, marker_id
+from controlplane.decision import HANDLERS
 from controlplane.user.client import Client
+from controlplane.writeprotocol import marker_id
 from events.api.kinds import declared, token_of
 from events.jetstream.datastore import TOPIC_HEADER
 from events.jetstream.directget import PAGE, direct_batch, read_all, sequence

@@ -1,11 +1,9 @@
-"""Command handling: decide on the writer's memory, append atomically with the command's
-marker and its read guards, and give exactly one outcome per command id, final.
+"""The write protocols: run a command's decision (`controlplane.decision`) on the writer's
+memory (`controlplane.memory`), append it with the command's marker and its read guards,
+and give exactly one outcome per command id, final.
 
-A decision is a synchronous handler over views. It runs on what the writer already holds
-(`Memory`); when it asks for an object the memory lacks, the object is read from the log
-and the handler runs again from the start, so handlers stay plain functions and a warm
-command costs no read. The memory is a cache and the server is the judge: every batch
-carries, for each object the decision wrote *or read*, the sequence it saw.
+The memory is a cache and the server is the judge: every batch carries, for each object
+the decision wrote *or read*, the sequence it saw.
 
 | message of the batch                  | subject                    | expects                 |
 |---------------------------------------|----------------------------|-------------------------|
@@ -56,17 +54,25 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 import structlog
 from eventsourcing.persistence import PersistenceError
 from nats.aio.msg import Msg
 
-from controlplane.aggregate import Aggregate, Cause
-from events.api.errors import InvalidSpec, VirtbusError
-from events.api.manifest import decode_object
+from controlplane.aggregate import Aggregate
+from controlplane.decision import (
+    HANDLERS,
+    Decision,
+    NotLoaded,
+    NotScanned,
+    Rejected,
+    Verdict,
+)
+from controlplane.memory import Memory, Scan
+from events.api.errors import InvalidSpec
 from events.jetstream.datastore import (
     AppendConflict,
     EventLog,
@@ -78,7 +84,6 @@ from events.jetstream.directget import LastLookups, sequence
 from events.jetstream.groupcommit import GroupCommit
 from events.language.codec import Event, encode_kept
 from events.language.messages import (
-    MAX_ID_LENGTH,
     MAX_NAME_LENGTH,
     MAX_TOKEN_LENGTH,
     Command,
@@ -88,15 +93,11 @@ from events.language.messages import (
     check_envelope,
     marker_aggregate,
 )
-from events.language.subjects import aggregate_id, encode_token
-from projections.cluster import VIEW_KINDS
-from projections.follower import first_outcome, read_event
+from projections.follower import first_outcome
 from projections.views import View
 
 log = structlog.get_logger(__name__)
 
-V = TypeVar("V", bound=View)
-Obj = TypeVar("Obj")
 MAX_ATTEMPTS = 10
 """Decisions of one command that may meet a conflict before it is refused as too busy."""
 CONFLICT_BACKOFF_SECONDS = 0.001
@@ -104,43 +105,6 @@ CONFLICT_BACKOFF_SECONDS = 0.001
 keep meeting on one object (replicas across a handover) stop meeting in step."""
 MAX_READS = 256
 """Objects one decision may read from the log (a scan counts one)."""
-RECENT_MARKERS = 4096
-"""Commands whose markers the memory remembers having folded lately (`Memory.marked`)."""
-
-
-class Rejected(VirtbusError):
-    """The command is well-formed but not possible now; `reason` says what to do."""
-
-    def __init__(self, reason: str, field: str = "") -> None:
-        self.reason = reason
-        self.field = field
-        super().__init__(reason)
-
-
-class _NotLoaded(Exception):
-    """The decision needs an object the memory does not hold (control flow, not an error)."""
-
-    def __init__(self, agg_id: str, view_cls: type[View]) -> None:
-        self.agg_id = agg_id
-        self.view_cls = view_cls
-
-
-class _NotScanned(Exception):
-    """The decision needs every object of a kind, or of a kind in one namespace (`kind` is
-    then `<kind>.<namespace token>`, the aggregate ids' prefix) (control flow, not an
-    error)."""
-
-    def __init__(self, kind: str, view_cls: type[View]) -> None:
-        self.kind = kind
-        self.view_cls = view_cls
-
-
-class Scan(msgspec.Struct, frozen=True):
-    """Every aggregate of one kind, listed when the log's newest event of that kind was
-    `sequence`: the guard that no object of the kind changed since."""
-
-    ids: list[str]
-    sequence: int
 
 
 def marker_id(command: Command) -> str:
@@ -153,284 +117,6 @@ class CommandView(View):
 
     def mutate(self, event: Event) -> None:
         self.exists = True
-
-
-class Memory:
-    """The writer's objects, each view as of the newest event this process knows of it
-    (`View.last_sequence`). A cache: a stale view costs a conflict, never a wrong write.
-
-    Once it has folded the whole log (`complete`: the control loop feeds it every event it
-    replays and follows), an object it lacks is taken as absent without a read; the
-    decision's guard (no event on that object's subject) checks that on the server."""
-
-    def __init__(self, log: EventLog) -> None:
-        self.log = log
-        self.views: dict[str, View] = {}
-        self.complete = False
-        self._stale: set[str] = set()
-        self.position = 0
-        """The sequence of the newest event the control loop has fed in (`observe`)."""
-        self.unmarked: dict[str, tuple[str, int]] = {}
-        """Command id -> (aggregate, sequence) of an event stored alone before its
-        command's marker (`marker_follows`) whose marker is not in the log as far as this
-        memory knows: a writer stopped between the two, or this one while it appends the
-        marker (`_publish_alone`). Entries leave when the marker is observed or stored here;
-        complete (`complete`) once the whole log is folded. The live follow brings no
-        markers, so another writer's marker stored past the catch-up (a leader that lost
-        its lease, still finishing) leaves its entry: that command, delivered here again,
-        meets the marker on the marker's subject and answers it."""
-        self.marked: dict[str, None] = {}
-        """The command ids of the markers folded or stored here last (at most
-        `RECENT_MARKERS`, oldest first): a marker stored by another writer after this one
-        looked for it, and folded before it decided, is known here."""
-        self._marked_ahead: dict[str, int] = {}
-        """Command id -> sequence of its event stored alone, for each marker this writer
-        stored before the control loop folded that event: the live follow brings no
-        markers back (`controlplane.loop`), so the event, folded later, must not be taken
-        for one still waiting for its marker. An entry the follow has passed without it
-        (none should be) goes at the next sweep."""
-        self._sweep_at = RECENT_MARKERS
-        self._scopes: dict[str, _Scope] = {}
-        """Scan scopes (`Decision.all_existing`) answered from the views so far, each kept
-        up to date as views arrive: its objects, and the newest sequence among them."""
-
-    def get(self, agg_id: str, view_cls: type[V]) -> V | None:
-        """The view to decide on, or None when it has to be read from the log first."""
-        view = self.views.get(agg_id)
-        if view is None and self.complete and agg_id not in self._stale:
-            return view_cls(agg_id)
-        return view if isinstance(view, view_cls) else None
-
-    def observe(self, event: Event, sequence: int) -> None:
-        """Fold an event from the log (its own writes come back too, and change nothing)."""
-        self.position = max(self.position, sequence)
-        if isinstance(event, CommandAccepted | CommandRejected):
-            self._mark(event.command_id)
-            return
-        if event.marker_follows and self._marked_ahead.get(event.causation_id) == sequence:
-            del self._marked_ahead[event.causation_id]  # its marker is stored already
-        else:
-            self._note_unmarked(event, sequence)
-        view = self.views.get(event.originator_id)
-        if view is None:
-            if event.originator_id in self._stale:
-                # Forgotten after a conflict: a view folded from this event alone would be
-                # its last sequence without its history (a VMI scheduled, never created),
-                # and pass its guard. It is read whole from the log when next needed.
-                return
-            view_cls = VIEW_KINDS.get(event.originator_id.split(".", 1)[0])
-            if view_cls is None:
-                return
-            view = self.views[event.originator_id] = view_cls(event.originator_id)
-        view.apply(event, sequence)
-        self._indexed(event.originator_id, sequence)
-
-    async def load(self, agg_id: str, view_cls: type[View]) -> View:
-        """Read the object's events from the log and keep the view folded from them. The
-        view's sequence is its subject's last, whatever is stored there: a message that is
-        no event (skipped, logged) still moves the subject on, and the next append to it
-        must expect that message, or it conflicts on every attempt."""
-        layout = self.log.layout
-        view = view_cls(agg_id)
-        for msg in await self.log.read_all(layout.events_stream,
-                                           layout.aggregate_subject(agg_id)):
-            event = read_event(msg)
-            if event is not None:
-                view.apply(event, sequence(msg))
-                if sequence(msg) > self.position:  # observed later, its marker too
-                    self._note_unmarked(event, sequence(msg))
-            view.last_sequence = sequence(msg)
-        self.keep(view)
-        self._stale.discard(agg_id)
-        return view
-
-    def keep(self, view: View) -> None:
-        """Hold `view` as the newest known of its object (read from the log, or written)."""
-        self.views[view.id] = view
-        self._indexed(view.id)
-
-    def scan(self, scope: str) -> Scan | None:
-        """Every object of a scan scope (`<kind>` or `<kind>.<namespace token>`) as the
-        views have it, guarded at the newest sequence among them; None where the memory
-        cannot tell (not complete, a kind it holds no views of, an object of the scope
-        forgotten as stale). Behind the log, the guard meets a conflict and the decision
-        scans the log (`CommandHandler._scan`).
-
-        The guard's sequence is one the control loop has folded (`position`) or a scan of
-        the log returned, never a write of this process's own not folded yet: every object
-        with an event up to it is then in the scope, and the guard holds the rest."""
-        known = self._scopes.get(scope)
-        if known is None:
-            prefix = scope + "."
-            if not self.complete or scope.partition(".")[0] not in VIEW_KINDS \
-                    or any(agg_id.startswith(prefix) for agg_id in self._stale):
-                return None
-            known = self._scopes[scope] = _Scope()
-            for agg_id, view in self.views.items():
-                if agg_id.startswith(prefix):
-                    known.take(agg_id, view.last_sequence
-                               if view.last_sequence <= self.position else None)
-        return Scan(list(known.ids), known.newest)
-
-    def scanned(self, scope: str, found: Scan) -> None:
-        """A scan read from the log: what the scope's index lacked, it has now."""
-        known = self._scopes.get(scope)
-        if known is not None:
-            for agg_id in found.ids:
-                known.ids[agg_id] = None
-            known.newest = max(known.newest, found.sequence)
-
-    def _indexed(self, agg_id: str, folded: int | None = None) -> None:
-        """An object's view changed (by the event folded at `folded`): the scan scopes it
-        is in hold it (and move to that sequence)."""
-        if not self._scopes:
-            return
-        kind, _, rest = agg_id.partition(".")
-        for scope in (kind, f"{kind}.{rest.partition('.')[0]}"):
-            known = self._scopes.get(scope)
-            if known is not None:
-                known.take(agg_id, folded)
-
-    def stored_marker(self, command_id: str, event_sequence: int | None = None) -> None:
-        """This writer stored `command_id`'s marker (recording its event stored alone at
-        `event_sequence`, if any): known at once, since the live follow does not bring it
-        back."""
-        self._mark(command_id)
-        if event_sequence is not None and event_sequence > self.position:
-            self._marked_ahead[command_id] = event_sequence
-            if len(self._marked_ahead) >= self._sweep_at:  # amortised: its size doubles
-                self._marked_ahead = {c: seq for c, seq in self._marked_ahead.items()
-                                      if seq > self.position}
-                self._sweep_at = max(RECENT_MARKERS, 2 * len(self._marked_ahead))
-
-    def _mark(self, command_id: str) -> None:
-        self.unmarked.pop(command_id, None)
-        self.marked[command_id] = None
-        if len(self.marked) > RECENT_MARKERS:
-            del self.marked[next(iter(self.marked))]
-
-    def _note_unmarked(self, event: Event, sequence: int) -> None:
-        if event.marker_follows and self._marked_ahead.get(event.causation_id) != sequence:
-            self.unmarked[event.causation_id] = (event.originator_id, sequence)
-
-    def forget(self, agg_id: str, seen: int) -> None:
-        """Drop a view the server says is stale (unless it moved on since `seen`): the next
-        decision that needs it reads it from the log."""
-        view = self.views.get(agg_id)
-        if view is None or view.last_sequence == seen:
-            self.views.pop(agg_id, None)
-            self._stale.add(agg_id)
-
-
-class _Scope:
-    """One scan scope's objects (in the order the memory met them) and the newest sequence
-    among them."""
-
-    def __init__(self) -> None:
-        self.ids: dict[str, None] = {}
-        self.newest = 0
-
-    def take(self, agg_id: str, folded: int | None) -> None:
-        self.ids[agg_id] = None
-        if folded is not None:
-            self.newest = max(self.newest, folded)
-
-
-class Decision:
-    """One attempt at a command: what it read (at which sequence) and the events it added."""
-
-    def __init__(self, memory: Memory, command: Command, scans: dict[str, Scan]) -> None:
-        self.memory = memory
-        self.command = command
-        # Clipped: a refusal of an over-long envelope still fits in the log.
-        self.cause = Cause(command.actor[:MAX_ID_LENGTH], command.id,
-                           (command.correlation_id or command.id)[:MAX_ID_LENGTH])
-        self.touched: dict[str, Aggregate[Any]] = {}
-        self.seen: dict[str, int] = {}
-        self.scans = scans
-        self.scanned: set[str] = set()
-
-    def load(self, agg_id: str, view_cls: type[V]) -> Aggregate[V]:
-        if agg_id not in self.touched:
-            view = self.memory.get(agg_id, view_cls)
-            if view is None:
-                raise _NotLoaded(agg_id, view_cls)
-            self.touched[agg_id] = Aggregate(view.copy())
-            self.seen[agg_id] = view.last_sequence
-        found: Aggregate[V] = self.touched[agg_id]
-        return found
-
-    def all_existing(self, kind: str, view_cls: type[V],
-                     namespace: str = "") -> Iterator[Aggregate[V]]:
-        """Every object of `kind` (of `namespace` only, if given) that exists, each loaded
-        when the caller gets to it; the decision then depends on no such object changing (a
-        wildcard guard)."""
-        scope = f"{kind}.{encode_token(namespace)}" if namespace else kind
-        scan = self.scans.get(scope)
-        if scan is None:
-            raise _NotScanned(scope, view_cls)
-        self.scanned.add(scope)
-        for agg_id in scan.ids:
-            found = self.load(agg_id, view_cls)
-            if found.exists:
-                yield found
-
-    def target(self, kind: str, view_cls: type[V]) -> Aggregate[V]:
-        """The aggregate the command names (`kind` token, its namespace and name)."""
-        return self.load(aggregate_id(kind, self.command.namespace, self.command.name), view_cls)
-
-    def existing(self, kind: str, view_cls: type[V], noun: str) -> Aggregate[V]:
-        """The named aggregate, or a refusal that says it does not exist."""
-        found = self.target(kind, view_cls)
-        if not found.exists:
-            cmd = self.command
-            raise Rejected(f'{noun} "{cmd.namespace}/{cmd.name}" not found', "metadata.name")
-        return found
-
-    def submitted(self, cls: type[Obj]) -> Obj:
-        """The object an `apply` carries, decoded and admitted by its schema."""
-        if self.command.manifest is None:
-            raise InvalidSpec("manifest", "apply needs the object")
-        obj = decode_object(self.command.manifest)
-        if not isinstance(obj, cls):
-            raise InvalidSpec("kind", f"the command is for a {self.command.kind}, "
-                                      f"the manifest holds a {type(obj).__name__}")
-        return obj
-
-    def body(self, cls: type[Obj]) -> Obj:
-        """The command's manifest as `cls` (an internal verb's body), or a refusal naming
-        what does not fit."""
-        try:
-            return msgspec.convert(self.command.manifest or {}, cls)
-        except msgspec.ValidationError as e:
-            raise InvalidSpec("manifest", str(e)) from None
-
-    def trigger(self, aggregate: Aggregate[Any], event_cls: type[Event], **fields: Any) -> None:
-        aggregate.trigger(self.cause, event_cls, **fields)
-
-    @property
-    def events(self) -> list[Event]:
-        return [e for agg in self.touched.values() for e in agg.pending]
-
-
-Handler = Callable[[Decision], None]
-HANDLERS: dict[tuple[str, str], Handler] = {}
-H = TypeVar("H", bound=Handler)
-
-
-INTERNAL_VERBS: set[tuple[str, str]] = set()
-"""(kind, verb) pairs only the control plane itself decides: its controllers' commands and
-the node reports it turns into commands. The command intake refuses them from anyone."""
-
-
-def handles(kind: str, verb: str, *, internal: bool = False) -> Callable[[H], H]:
-    def register(fn: H) -> H:
-        HANDLERS[(kind, verb)] = fn
-        if internal:
-            INTERNAL_VERBS.add((kind, verb))
-        return fn
-
-    return register
 
 
 class Result:
@@ -449,13 +135,6 @@ Announce = Callable[[Outcome], Awaitable[None]]
 
 async def nobody(_outcome: Outcome) -> None:
     """No one to announce to."""
-
-
-class Verdict(msgspec.Struct, frozen=True):
-    """A refusal: what to do about it, and which field it concerns."""
-
-    reason: str
-    field: str = ""
 
 
 class CommandHandler:
@@ -636,10 +315,10 @@ class CommandHandler:
                                          "verb")
             try:
                 handler(decision)
-            except _NotLoaded as missing:
+            except NotLoaded as missing:
                 await self.memory.load(missing.agg_id, missing.view_cls)
                 continue
-            except _NotScanned as missing:
+            except NotScanned as missing:
                 scans[missing.kind] = await self._scan(missing.kind, missing.view_cls, fresh)
                 continue
             except InvalidSpec as e:
