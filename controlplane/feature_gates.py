@@ -37,7 +37,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Final
 
-from controlplane.hco.commands import effective_kubevirt_configuration
+from controlplane.clusterconfig import (
+    GPUS_WITH_DRA,
+    HOST_DEVICES_WITH_DRA,
+    ClusterConfig,
+)
 from controlplane.hco.operands.kubevirt import MAPPED_FEATURE_GATES
 from events.api.errors import InvalidSpec
 
@@ -58,10 +62,6 @@ HOST_DEVICES: Final = "HostDevices"
 """One of HCO's `MANDATORY_FEATURE_GATES`: off only where no HyperConverged configures
 KubeVirt."""
 HOST_DISK: Final = "HostDisk"
-GPUS_WITH_DRA: Final = "GPUsWithDRA"
-HOST_DEVICES_WITH_DRA: Final = "HostDevicesWithDRA"
-BETA_GATES: Final = frozenset({GPUS_WITH_DRA, HOST_DEVICES_WITH_DRA})
-"""The gates here that KubeVirt has in Beta: on unless `disabledFeatureGates` names them."""
 SIDECAR: Final = "Sidecar"
 HOOK_SIDECARS_ANNOTATION: Final = "hooks.kubevirt.io/hookSidecars"
 """Sidecar containers that rewrite the domain before it starts (KubeVirt's hook sidecars)."""
@@ -151,12 +151,9 @@ def check_annotation_gates(annotations: Mapping[str, str], enabled: frozenset[st
 
 
 def enabled_feature_gates(d: Decision) -> frozenset[str]:
-    """The gates of the effective KubeVirt CR, on the decision's fresh state, as KubeVirt's
-    `featuregate.IsEnabled` reads them: those `featureGates` lists, and each Beta gate that
-    `disabledFeatureGates` does not name."""
-    developer = effective_kubevirt_configuration(d).get("developerConfiguration") or {}
-    disabled = frozenset(developer.get("disabledFeatureGates") or [])
-    return frozenset(developer.get("featureGates") or []) | (BETA_GATES - disabled)
+    """The gates of the effective KubeVirt CR, on the decision's fresh state
+    (`ClusterConfig.feature_gates`: the Beta ones on unless disabled)."""
+    return ClusterConfig.of_decision(d).feature_gates
 
 
 def admit_by_feature_gates(d: Decision, spec: VMISpecLike, path: str,

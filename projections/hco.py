@@ -5,7 +5,9 @@ from what the views keep (every revert, every change of the jsonpatch annotation
 the event's own time), so a replay of the log gives the same counters and alerts.
 
 `effective_kubevirt(state)` is the KubeVirt CR as HCO last wrote it: the cluster
-configuration every other controller reads.
+configuration every other controller reads. Its `spec` and `spec.configuration` are taken
+by `kubevirt_spec` and `kubevirt_configuration`, on the read model and in the write side's
+decisions alike (`controlplane.clusterconfig`).
 """
 
 from __future__ import annotations
@@ -137,17 +139,39 @@ def operand(state: ClusterState, kind: str) -> OperandView | None:
     return next((v for v in operands(state) if v.kind == kind), None)
 
 
+# -- the effective KubeVirt configuration: read side and write side alike -----------------
+
+
 def effective_kubevirt(state: ClusterState) -> dict[str, Any] | None:
     """The KubeVirt CR as HCO last wrote it (or as reverted); None before HCO wrote one."""
-    view = operand(state, "KubeVirt")
-    return view.object if view is not None else None
+    return kubevirt_cr(operand(state, "KubeVirt"))
+
+
+def kubevirt_cr(view: OperandView | None) -> dict[str, Any] | None:
+    """The KubeVirt CR its operand view holds (as HCO last wrote it, as reverted, or as
+    written out of band since); None before HCO wrote one, and once deleted. The read
+    model's view (`effective_kubevirt`) and a decision's (`controlplane.clusterconfig`)."""
+    return view.object if view is not None and view.exists else None
+
+
+def kubevirt_spec(kubevirt: dict[str, Any] | None) -> dict[str, Any]:
+    """The KubeVirt CR's `spec`; {} without one (or one that is no object)."""
+    spec = (kubevirt or {}).get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def kubevirt_configuration(kubevirt: dict[str, Any] | None) -> dict[str, Any]:
+    """The KubeVirt CR's `spec.configuration`, what KubeVirt reads its cluster settings
+    from; {} without one (KubeVirt's defaults hold)."""
+    configuration = kubevirt_spec(kubevirt).get("configuration")
+    return configuration if isinstance(configuration, dict) else {}
 
 
 def cluster_tuning(state: ClusterState) -> ClusterTuning:
     """The scheduler's knobs from the effective KubeVirt (KubeVirt's defaults before HCO
     has written one)."""
-    config = ((effective_kubevirt(state) or {}).get("spec", {}).get("configuration", {})
-              .get("developerConfiguration", {}))
+    config = kubevirt_configuration(effective_kubevirt(state)).get(
+        "developerConfiguration", {})
     return ClusterTuning(
         cpu_allocation_ratio=int(config.get("cpuAllocationRatio", CPU_ALLOCATION_RATIO)),
         memory_overcommit_percent=int(config.get("memoryOvercommit",

@@ -15,7 +15,6 @@ HCO controller's own writes.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Final
 
 import msgspec
 
@@ -25,15 +24,11 @@ from controlplane.hco import jsonpatch
 from controlplane.hco.conditions import merge_conditions, system_health
 from controlplane.hco.desired import pending_write
 from controlplane.hco.operands import OPERANDS
-from controlplane.hco.operands.kubevirt import KUBEVIRT
 from controlplane.hco.validation import check_uninstall, validate_hco
 from events.api import hco_defaults as d
 from events.api.base import ObjectMeta
-from events.api.domain import CPU
 from events.api.errors import InvalidSpec
 from events.api.hco import Condition, HyperConverged, OperandObject
-from events.api.vm import VirtualMachineInstanceSpec
-from events.api.vmi_defaults import DEFAULT_POD_BINDING
 from events.language.codec import now
 from events.language.ids import random_uuid
 from events.language.kinds.hco import (
@@ -84,47 +79,6 @@ def status_unchanged(hco: HyperConvergedView, report: StatusReport) -> bool:
     return (key(hco.conditions) == key(report.conditions)
             and hco.observed_generation == report.observed_generation
             and hco.patch_failures == report.patch_failures)
-
-
-KUBEVIRT_CR_ID: Final = operand_id(KUBEVIRT.kind, KUBEVIRT.name(HyperConverged()))
-"""The KubeVirt CR's aggregate (HCO names it after the one HyperConverged)."""
-
-
-def effective_kubevirt_configuration(d_: Decision) -> dict[str, Any]:
-    """`spec.configuration` of the KubeVirt CR as HCO last wrote it, read on the decision's
-    fresh state ({} while there is none, as the read side's `effective_kubevirt` says):
-    what KubeVirt's own admission and defaulting read their cluster settings from."""
-    kubevirt = d_.load(KUBEVIRT_CR_ID, OperandView)
-    if not kubevirt.exists:
-        return {}
-    configuration: dict[str, Any] = kubevirt.state.object.get("spec", {}).get(
-        "configuration", {})
-    return configuration
-
-
-def with_cluster_cpu_model(d_: Decision,
-                           spec: VirtualMachineInstanceSpec) -> VirtualMachineInstanceSpec:
-    """KubeVirt's VMI defaulting: a VMI created without a CPU model gets the effective
-    KubeVirt's `configuration.cpuModel` (the HyperConverged's `defaultCPUModel`), if set."""
-    if spec.domain.cpu is not None and spec.domain.cpu.model:
-        return spec
-    return with_cpu_model(spec, effective_kubevirt_configuration(d_).get("cpuModel", ""))
-
-
-def pod_binding(d_: Decision) -> str:
-    """The binding a VMI's default interface gets: the KubeVirt CR's
-    `network.defaultNetworkInterface` (HCO writes masquerade), else KubeVirt's default."""
-    network = effective_kubevirt_configuration(d_).get("network") or {}
-    return str(network.get("defaultNetworkInterface") or DEFAULT_POD_BINDING)
-
-
-def with_cpu_model(spec: VirtualMachineInstanceSpec, model: str) -> VirtualMachineInstanceSpec:
-    """`spec` with CPU `model` where it names none (and `model` is not empty)."""
-    cpu = spec.domain.cpu or CPU()
-    if cpu.model or not model:
-        return spec
-    domain = msgspec.structs.replace(spec.domain, cpu=msgspec.structs.replace(cpu, model=model))
-    return msgspec.structs.replace(spec, domain=domain)
 
 
 def _decode_hco(d_: Decision) -> HyperConverged:

@@ -31,9 +31,8 @@ from typing import Final
 import msgspec
 
 from controlplane.aggregate import Aggregate
+from controlplane.clusterconfig import ClusterConfig
 from controlplane.decision import Decision, Rejected, handles
-from controlplane.hco.commands import effective_kubevirt_configuration
-from controlplane.migration.config import migration_config
 from controlplane.vmi.commands import agent_version
 from events.api.base import ObjectMeta
 from events.api.migration import KIND, VirtualMachineInstanceMigration
@@ -245,7 +244,7 @@ def admit(d: Decision) -> None:
     m = migration.state
     if m.phase != "Pending":
         raise Rejected("no longer pending")
-    config = migration_config(effective_kubevirt_configuration(d))
+    config = ClusterConfig.of_decision(d).migrations
     running = [o.state for o in d.all_existing(MIGRATION_KIND, MigrationView) if o.state.running]
     if len(running) >= config.parallel_per_cluster:
         raise Rejected(f"{len(running)} migrations running: parallelMigrationsPerCluster is "
@@ -270,7 +269,7 @@ def schedule_target(d: Decision) -> None:
     if vmi.state.uid != m.vmi_uid or vmi.state.node != m.source_node or vmi.state.spec is None:
         fail_migration(d, migration, "the VMI is no longer on the source node")
         return
-    config = migration_config(effective_kubevirt_configuration(d))
+    config = ClusterConfig.of_decision(d).migrations
     order = MigrationOrder(
         uid=m.uid, name=m.metadata.name, source_node=m.source_node, target_node=target,
         bandwidth_bytes_per_second=config.bandwidth_bytes_per_second,

@@ -23,10 +23,10 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
+from controlplane.clusterconfig import ClusterConfig
 from controlplane.controllers import derived_command
 from controlplane.controllers.scheduler import workload_placement
 from controlplane.defaults import SCHEDULER_TIE_BREAK_SEED
-from controlplane.migration.config import migration_config
 from controlplane.scheduling import decide
 from controlplane.scheduling.facts import Demand, demand_of
 from controlplane.scheduling.ledger import Ledger
@@ -39,7 +39,7 @@ from events.language.kinds.vm import VMI_KIND
 from events.language.messages import Command
 from events.language.subjects import split_aggregate_id
 from projections.cluster import ClusterState
-from projections.hco import HCO_VIEW_KINDS, cluster_tuning, effective_kubevirt
+from projections.hco import HCO_VIEW_KINDS, cluster_tuning
 from projections.migration import MigrationView
 
 NAME = "migration"
@@ -92,8 +92,7 @@ class MigrationController:
         return out
 
     def _admissions(self, state: ClusterState, every: list[MigrationView]) -> list[Command]:
-        config = migration_config(((effective_kubevirt(state) or {}).get("spec") or {})
-                                  .get("configuration") or {})
+        config = ClusterConfig.of_state(state).migrations
         running = [m for m in every if m.running]
         outbound = Counter(m.source_node for m in running)
         # The id names the migrations' state: a refusal on stale counts is tried again

@@ -10,14 +10,15 @@ import msgspec
 import structlog
 
 from controlplane.aggregate import Aggregate
+from controlplane.clusterconfig import ClusterConfig
 from controlplane.decision import Decision, Rejected, handles
 from controlplane.feature_gates import VMI_METADATA_PATH, VMI_SPEC_PATH, admit_by_feature_gates
-from controlplane.hco.commands import pod_binding, with_cluster_cpu_model, with_cpu_model
 from controlplane.instancetype.revisions import expand_for_start
 from controlplane.preset.commands import fill, presets_in
 from controlplane.vm.commands import KIND as VM_KIND_NAME
 from controlplane.vm.commands import load_vm
 from events.api.base import ObjectMeta
+from events.api.domain import CPU
 from events.api.errors import InvalidSpec
 from events.api.vm import (
     VirtualMachineInstance,
@@ -115,6 +116,25 @@ def apply(d: Decision) -> None:
     create(d, vmi, new.metadata, new.spec, presets_in(d, new.metadata.namespace))
 
 
+def with_cluster_cpu_model(d: Decision,
+                           spec: VirtualMachineInstanceSpec) -> VirtualMachineInstanceSpec:
+    """KubeVirt's VMI defaulting: a VMI created without a CPU model gets the effective
+    KubeVirt's `configuration.cpuModel` (the HyperConverged's `defaultCPUModel`), if set.
+    The cluster configuration is read only for a VMI that names no model."""
+    if spec.domain.cpu is not None and spec.domain.cpu.model:
+        return spec
+    return with_cpu_model(spec, ClusterConfig.of_decision(d).cpu_model)
+
+
+def with_cpu_model(spec: VirtualMachineInstanceSpec, model: str) -> VirtualMachineInstanceSpec:
+    """`spec` with CPU `model` where it names none (and `model` is not empty)."""
+    cpu = spec.domain.cpu or CPU()
+    if cpu.model or not model:
+        return spec
+    domain = msgspec.structs.replace(spec.domain, cpu=msgspec.structs.replace(cpu, model=model))
+    return msgspec.structs.replace(spec, domain=domain)
+
+
 def create(d: Decision, vmi: Aggregate[VirtualMachineInstanceView], meta: ObjectMeta,
            spec: VirtualMachineInstanceSpec, presets: list[PresetView],
            **owned: str | int) -> None:
@@ -125,7 +145,8 @@ def create(d: Decision, vmi: Aggregate[VirtualMachineInstanceView], meta: Object
     filled = fill(presets, meta, spec)
     d.trigger(vmi, VirtualMachineInstanceCreated, uid=random_uuid(),
               metadata=msgspec.structs.replace(meta, annotations=filled.annotations),
-              spec=with_pod_interface(with_cluster_cpu_model(d, filled.spec), pod_binding(d)),
+              spec=with_pod_interface(with_cluster_cpu_model(d, filled.spec),
+                                      ClusterConfig.of_decision(d).pod_binding),
               **owned)
     for conflict in filled.conflicts:
         d.trigger(vmi, VirtualMachineInstancePresetConflicted, preset=conflict.preset,

@@ -8,15 +8,13 @@ from typing import Final
 
 import msgspec
 
+from controlplane.clusterconfig import ClusterConfig
 from controlplane.decision import Decision, Rejected, handles
-from controlplane.hco.commands import KUBEVIRT_CR_ID
 from controlplane.vmi.commands import request_deletion
-from controlplane.workloadupdate.config import workload_update_config
 from events.language.codec import now
 from events.language.kinds.migration import WORKLOAD_UPDATE_KIND, WorkloadEvictionBatch
 from events.language.kinds.vm import VMI_KIND
 from events.language.subjects import aggregate_id
-from projections.hco import OperandView
 from projections.migration import WorkloadUpdateView
 from projections.views import VirtualMachineInstanceView
 
@@ -32,9 +30,7 @@ class BatchBody(msgspec.Struct, frozen=True, kw_only=True):
 @handles(KIND, "evict-batch", internal=True)
 def evict_batch(d: Decision) -> None:
     refs = d.body(BatchBody).vmis
-    kubevirt = d.load(KUBEVIRT_CR_ID, OperandView)
-    config = workload_update_config(
-        kubevirt.state.object.get("spec", {}) if kubevirt.exists else {})
+    config = ClusterConfig.of_decision(d).workload_updates
     if "Evict" not in config.methods:
         raise Rejected("the workload update strategy does not evict")
     if not refs or len(refs) > config.batch_size:

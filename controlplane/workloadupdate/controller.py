@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from controlplane.clusterconfig import ClusterConfig, WorkloadUpdateConfig
 from controlplane.controllers import derived_command
-from controlplane.workloadupdate.config import WorkloadUpdateConfig, workload_update_config
 from events.language.codec import Event
 from events.language.kinds.migration import MIGRATION_KIND
 from events.language.kinds.nodes import NODE_KIND
@@ -29,7 +29,7 @@ from events.language.messages import Command
 from events.language.subjects import split_aggregate_id
 from projections.cluster import ClusterState, outdated_launcher
 from projections.eviction import migrating
-from projections.hco import HCO_VIEW_KINDS, effective_kubevirt
+from projections.hco import HCO_VIEW_KINDS
 from projections.migratable import not_migratable
 from projections.migration import MigrationView, WorkloadUpdateView
 from projections.views import VirtualMachineInstanceView
@@ -99,7 +99,7 @@ class WorkloadUpdater:
 
     @staticmethod
     def _config(state: ClusterState) -> WorkloadUpdateConfig:
-        return workload_update_config((effective_kubevirt(state) or {}).get("spec") or {})
+        return ClusterConfig.of_state(state).workload_updates
 
     @staticmethod
     def _can_migrate(vmi: VirtualMachineInstanceView) -> bool:

@@ -18,8 +18,8 @@ import structlog
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
 
+from controlplane.clusterconfig import KUBEVIRT_CR_ID
 from controlplane.decision import HANDLERS, Decision, Verdict, handles
-from controlplane.hco.commands import KUBEVIRT_CR_ID
 from controlplane.hco.controller import HCOController
 from controlplane.memory import Scan
 from controlplane.writeprotocol import nobody
