@@ -1,7 +1,8 @@
 """The command handlers' API: a handler is a plain synchronous function of one `Decision`,
 registered for a (kind, verb) with `@handles`. It reads objects (`load`, `target`,
 `existing`, `all_existing`), adds events (`trigger`), or refuses (`Rejected`, or
-`InvalidSpec` for what the command holds).
+`InvalidSpec` for what the command holds); `apply_namespaced` is the `apply` of a namespaced
+object that keeps a uid and a generation.
 
 A decision runs on the writer's memory (`controlplane.memory`). When it asks for an object
 (or a scan of a kind) the memory lacks, it stops (`NotLoaded`, `NotScanned`: control flow,
@@ -20,7 +21,7 @@ a cluster-wide partition).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import msgspec
 
@@ -28,12 +29,14 @@ from controlplane.aggregate import Aggregate, Cause
 from events.api.errors import InvalidSpec, VirtbusError
 from events.api.manifest import decode_object
 from events.language.codec import Event
+from events.language.ids import random_uuid
 from events.language.messages import MAX_ID_LENGTH, Command
 from events.language.subjects import aggregate_id, encode_token
 from projections.views import View
 
 if TYPE_CHECKING:
     from controlplane.memory import Memory, Scan
+    from events.api.base import ObjectMeta
 
 V = TypeVar("V", bound=View)
 Obj = TypeVar("Obj")
@@ -190,3 +193,50 @@ def target_key(command: Command) -> str:
     kind, namespace, name = command_target(command)
     return f"{kind}/{namespace}/{name}"
 
+
+class Applicable(Protocol):
+    """What an `apply` of a namespaced object carries: its metadata and its spec."""
+
+    @property
+    def metadata(self) -> ObjectMeta: ...
+
+    @property
+    def spec(self) -> Any: ...
+
+
+class Applied(Protocol):
+    """What the view of such an object keeps of it."""
+
+    uid: str
+    metadata: ObjectMeta
+    spec: Any
+    generation: int
+
+
+A = TypeVar("A", bound=Applicable)
+
+
+def apply_namespaced(d: Decision, submitted: type[A], kind: str, view_cls: type[View],
+                     applied: type[Event], *,
+                     admit_new: Callable[[A], None] | None = None) -> None:
+    """The `apply` of a namespaced object with a uid and a generation, as the API server
+    has it: the manifest's object (aggregate `<kind>.<namespace>.<name>`) is created (a new
+    uid, generation 1) or changed (its uid kept, its generation counting changes of its spec,
+    not of its labels or annotations), recorded as one `applied` event (`uid`, `metadata`,
+    `spec`, `generation`); an apply that changes none of spec, labels and annotations
+    appends nothing. `admit_new` admits an object being created (an admitter that checks
+    on CREATE only), refusing it by raising."""
+    new = d.submitted(submitted)
+    meta = new.metadata
+    found = d.load(aggregate_id(kind, meta.namespace, meta.name), view_cls)
+    old = cast(Applied, found.state)  # `view_cls` keeps what `Applied` names
+    if found.exists:
+        if (old.spec, old.metadata.labels, old.metadata.annotations) == (
+                new.spec, meta.labels, meta.annotations):
+            return
+        uid, generation = old.uid, old.generation + (old.spec != new.spec)
+    else:
+        if admit_new is not None:
+            admit_new(new)
+        uid, generation = random_uuid(), 1
+    d.trigger(found, applied, uid=uid, metadata=meta, spec=new.spec, generation=generation)

@@ -24,19 +24,17 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from controlplane.decision import Decision, Rejected, handles
+from controlplane.decision import Decision, Rejected, apply_namespaced, handles
 from events.api.base import ObjectMeta
 from events.api.domain import Clock, DomainSpec
 from events.api.replicaset import PRESET, VirtualMachineInstancePreset
 from events.api.scheduling import selector_matches
 from events.api.vm import API_VERSION, VirtualMachineInstanceSpec
-from events.language.ids import random_uuid
 from events.language.kinds.preset import (
     PRESET_KIND,
     VirtualMachineInstancePresetApplied,
     VirtualMachineInstancePresetDeleted,
 )
-from events.language.subjects import aggregate_id
 from projections.replicaset import PresetView
 
 log = structlog.get_logger(__name__)
@@ -48,17 +46,8 @@ APPLIED_ANNOTATION_PREFIX: Final = "virtualmachinepreset.kubevirt.io/"
 
 @handles(PRESET, "apply")
 def apply(d: Decision) -> None:
-    new = d.submitted(VirtualMachineInstancePreset)
-    meta = new.metadata
-    found = d.load(aggregate_id(PRESET_KIND, meta.namespace, meta.name), PresetView)
-    old = found.state
-    if found.exists and (old.spec, old.metadata.labels, old.metadata.annotations) == (
-            new.spec, meta.labels, meta.annotations):
-        return
-    uid = old.uid if found.exists else random_uuid()
-    generation = old.generation + (old.spec != new.spec) if found.exists else 1
-    d.trigger(found, VirtualMachineInstancePresetApplied, uid=uid, metadata=meta,
-              spec=new.spec, generation=generation)
+    apply_namespaced(d, VirtualMachineInstancePreset, PRESET_KIND, PresetView,
+                     VirtualMachineInstancePresetApplied)
 
 
 @handles(PRESET, "delete")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import msgspec
 
 from controlplane.aggregate import Aggregate
-from controlplane.decision import Decision, Rejected, handles
+from controlplane.decision import Decision, Rejected, apply_namespaced, handles
 from controlplane.feature_gates import VM_METADATA_PATH, VM_SPEC_PATH, admit_by_feature_gates
 from controlplane.preset.commands import presets_in
 from controlplane.vmi.commands import create, request_deletion
@@ -22,7 +22,6 @@ from events.api.errors import InvalidSpec
 from events.api.names import check_dns1123_label
 from events.api.replicaset import REPLICA_SET, ScaleBody, VirtualMachineInstanceReplicaSet
 from events.api.scheduling import selector_matches
-from events.language.ids import random_uuid
 from events.language.kinds.replicaset import (
     REPLICA_SET_KIND,
     ReplicaSetApplied,
@@ -63,21 +62,14 @@ def active_replicas(d: Decision,
 
 @handles(REPLICA_SET, "apply")
 def apply(d: Decision) -> None:
-    new = d.submitted(VirtualMachineInstanceReplicaSet)
-    meta = new.metadata
-    found = d.load(aggregate_id(REPLICA_SET_KIND, meta.namespace, meta.name), ReplicaSetView)
-    old = found.state
-    if found.exists and (old.spec, old.metadata.labels, old.metadata.annotations) == (
-            new.spec, meta.labels, meta.annotations):
-        return
-    if not found.exists:  # KubeVirt's admitter checks feature gates on CREATE
+    def admit_new(new: VirtualMachineInstanceReplicaSet) -> None:
+        """KubeVirt's admitter checks feature gates on CREATE."""
         template = new.spec.template
         admit_by_feature_gates(d, template.spec, VM_SPEC_PATH, template.metadata.annotations,
                                VM_METADATA_PATH)
-    uid = old.uid if found.exists else random_uuid()
-    generation = old.generation + (old.spec != new.spec) if found.exists else 1
-    d.trigger(found, ReplicaSetApplied, uid=uid, metadata=meta, spec=new.spec,
-              generation=generation)
+
+    apply_namespaced(d, VirtualMachineInstanceReplicaSet, REPLICA_SET_KIND, ReplicaSetView,
+                     ReplicaSetApplied, admit_new=admit_new)
 
 
 @handles(REPLICA_SET, "scale")
