@@ -20,7 +20,8 @@ from events.language.messages import MigrationAddress
 from events.runtime.aio import report_loop_errors
 from events.runtime.collector import tune_for_service
 from events.runtime.logs import configure
-from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.agent import NodeAgent
+from nodeagent.config import AgentConfig
 from nodeagent.converter import defaults
 from nodeagent.defaults import (
     AGENT_VERSION,
@@ -34,16 +35,16 @@ from nodeagent.defaults import (
     REDISCOVERY_INTERVAL_SECONDS,
     SIMULATED_BANDWIDTH_BYTES_PER_SECOND,
     SIMULATED_DIRTY_RATE_BYTES_PER_SECOND,
+    TEST_DEFAULT_URI,
     TEST_HOST_CPU_MODEL,
 )
 from nodeagent.domxml import main_domxml
 from nodeagent.fleet import Fleet, FleetConfig
+from nodeagent.host import SimulationRefused
 from nodeagent.hypervisor import HYPERVISOR_CHOICES
 from nodeagent.imagestore import DISK_DIR_IN_IMAGE, ImageStore
-from nodeagent.lifecycle import SimulationRefused
 from nodeagent.network.node import check_bridge, parse_subnet
 from nodeagent.network.tools import NetworkError
-from nodeagent.simhost import TEST_DEFAULT_URI
 
 
 def _bytes(text: str) -> int:

@@ -14,6 +14,13 @@ MAX_PODS: Final = 110
 """Kubernetes' default pods per node, which the device count mirrors."""
 HUGEPAGE_SIZES_KIB: Final = (2048, 1048576)
 """x86 hugepage sizes reported as `hugepages-2Mi` / `hugepages-1Gi`, zero when none exist."""
+TEST_DRIVER_SCHEME: Final = "test://"
+"""libvirt's test driver: a `--libvirt-uri` of this scheme makes the agent's host a simulated
+one (`nodeagent.simhost`)."""
+TEST_DEFAULT_URI: Final = "test:///default"
+"""The default `--libvirt-uri`, and the one `--sim-state` goes with: the test driver, its host
+in the file (an empty `<node>` has test:///default's CPUs and memory, without its sample
+domain and NUMA cells, which no agent uses)."""
 TEST_HOST_CPU_MODEL: Final = "Haswell-noTSX"
 """The CPU a test-driver host reports, so its node carries CPU model and feature labels (the
 test driver names no CPU of its own); `--host-cpu-model` overrides it."""

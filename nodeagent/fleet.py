@@ -25,15 +25,16 @@ from nats.aio.client import Client
 from events.jetstream.connect import Access, connect
 from events.language.subjects import DEFAULT_PREFIX
 from events.runtime.aio import pause_unless_stopped
-from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.agent import NodeAgent
+from nodeagent.config import AgentConfig
 from nodeagent.converter import defaults as converter_defaults
 from nodeagent.defaults import (
     DEVICE_PLUGIN_CAPACITY,
     FLEET_LIBVIRT_THREADS,
     FLEET_NODE_PREFIX,
     FLEET_RESTART_SECONDS,
+    TEST_DEFAULT_URI,
 )
-from nodeagent.simhost import TEST_DEFAULT_URI
 
 log = structlog.get_logger(__name__)
 

@@ -1,5 +1,5 @@
-"""Which domain type this host's guests get: `kvm` where KVM actually runs a guest, else
-`qemu` (TCG, full emulation); `test` on libvirt's test driver.
+"""Which domain type a real host's guests get: `kvm` where KVM actually runs a guest, else
+`qemu` (TCG, full emulation). (A simulated host's are `test`: `nodeagent.simhost`.)
 
 `/dev/kvm` being there, or libvirt offering `<domain type='kvm'>`, is not enough: on a host
 whose (nested) KVM creates a VM but never gets its vCPU into 64-bit mode, a `type='kvm'`
@@ -31,8 +31,6 @@ import xml.etree.ElementTree as ET
 from typing import TYPE_CHECKING, Final, Literal
 
 import structlog
-
-from nodeagent.lifecycle import is_test_driver
 
 if TYPE_CHECKING:
     from nodeagent.converter import DomainType
@@ -111,12 +109,10 @@ def probe(emulator_path: str, timeout: float, accel: str = "kvm") -> ProbeResult
                               f"{stderr[-1] if stderr else 'no message'}")
 
 
-def kvm_runs_guests(uri: str, capabilities: str, choice: HypervisorChoice, timeout: float,
+def kvm_runs_guests(capabilities: str, choice: HypervisorChoice, timeout: float,
                     *, node: str = "") -> bool:
-    """Whether this host's guests can be `type='kvm'`: never on the test driver, as told by
-    `--hypervisor kvm|qemu`, else as the probe finds (logged with its reason)."""
-    if is_test_driver(uri):
-        return False
+    """Whether this host's guests can be `type='kvm'`: as told by `--hypervisor kvm|qemu`,
+    else as the probe finds (logged with its reason)."""
     if choice != "auto":
         log.info("hypervisor chosen by flag", node=node, hypervisor=choice)
         return choice == "kvm"
@@ -141,12 +137,9 @@ def guest_owner(capabilities: str, domain_type: str) -> tuple[int, int] | None:
 class Hypervisor:
     """The host's finding and the cluster's `useEmulation`: the domain type guests get."""
 
-    uri: str
     kvm: bool
     use_emulation: bool = False
 
     @property
     def domain_type(self) -> DomainType:
-        if is_test_driver(self.uri):
-            return "test"
         return "kvm" if self.kvm and not self.use_emulation else "qemu"

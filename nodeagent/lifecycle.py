@@ -15,19 +15,15 @@ from typing import TYPE_CHECKING
 import libvirt
 import structlog
 
-from events.api.errors import Conflict, InvalidSpec, NotFound, VirtbusError
+from events.api.errors import Conflict, InvalidSpec, NotFound
 from nodeagent.phases import GuestPhase, StopCause, judge
 from nodeagent.virterror import is_no_domain, is_unsupported, is_unsupported_flags
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from nodeagent.phases import Observation, Verdict
     from nodeagent.watcher import LifecycleWatcher
 
 log = structlog.get_logger(__name__)
-
-TEST_DRIVER_SCHEME = "test://"
 
 
 class StopOutcome(StrEnum):
@@ -37,10 +33,6 @@ class StopOutcome(StrEnum):
     ALREADY_STOPPED = "AlreadyStopped"
     SHUT_DOWN = "ShutDown"
     DESTROYED = "Destroyed"
-
-
-class SimulationRefused(VirtbusError):
-    """Guest simulations exist only on libvirt's test driver; a real guest is never faked."""
 
 
 def define_and_start(conn: libvirt.virConnect, xml: str, *,
@@ -139,7 +131,7 @@ def _undefine(dom: libvirt.virDomain) -> None:
 
 def pause(conn: libvirt.virConnect, name: str) -> None:
     """Suspend the guest's vCPUs; pausing a paused guest does nothing."""
-    dom = _require(conn, name)
+    dom = require(conn, name)
     if dom.state()[0] != libvirt.VIR_DOMAIN_PAUSED:
         dom.suspend()
         log.info("domain paused", domain=name)
@@ -147,7 +139,7 @@ def pause(conn: libvirt.virConnect, name: str) -> None:
 
 def unpause(conn: libvirt.virConnect, name: str) -> None:
     """Resume a paused guest; resuming a running guest does nothing."""
-    dom = _require(conn, name)
+    dom = require(conn, name)
     if dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
         dom.resume()
         log.info("domain unpaused", domain=name)
@@ -160,7 +152,7 @@ def restart(
 
     The power cycle's STOPPED event carries `StopCause.RESTART`, so it changes no phase.
     """
-    dom = _require(conn, name)
+    dom = require(conn, name)
     if not hard:
         try:
             dom.reboot(0)
@@ -178,58 +170,6 @@ def restart(
         raise
     dom.create()
     log.info("domain power-cycled", domain=name)
-
-
-def is_test_driver(uri: str) -> bool:
-    """`uri` names libvirt's test driver, whose guests and host the agent may simulate."""
-    return uri.startswith(TEST_DRIVER_SCHEME)
-
-
-def ensure_test_uri(uri: str) -> None:
-    """Refuse anything but libvirt's test driver, before any guest is touched."""
-    if not is_test_driver(uri):
-        raise SimulationRefused(
-            f"guest simulation needs a {TEST_DRIVER_SCHEME} connection, not {uri!r}; "
-            "real guests shut down or crash on their own"
-        )
-
-
-def simulate_guest_shutdown(
-    conn: libvirt.virConnect, name: str, watcher: LifecycleWatcher
-) -> None:
-    """The guest powers itself off: Succeeded, observed with cause "guest shutdown"."""
-    _simulate(conn, name, watcher, StopCause.GUEST_SHUTDOWN, lambda dom: dom.shutdown())
-
-
-def simulate_guest_crash(conn: libvirt.virConnect, name: str, watcher: LifecycleWatcher) -> None:
-    """The guest crashes: the test driver can only destroy, so the cause says it crashed."""
-    _simulate(conn, name, watcher, StopCause.GUEST_CRASH, lambda dom: dom.destroy())
-
-
-def simulate_guest_io_error(
-    conn: libvirt.virConnect, name: str, watcher: LifecycleWatcher
-) -> None:
-    """A disk I/O error pauses the guest (a disk's `error_policy` of stop, libvirt's and
-    KubeVirt's default): the test driver can only suspend, so the cause says why."""
-    _simulate(conn, name, watcher, StopCause.IO_ERROR, lambda dom: dom.suspend())
-
-
-def _simulate(
-    conn: libvirt.virConnect,
-    name: str,
-    watcher: LifecycleWatcher,
-    cause: StopCause,
-    act: Callable[[libvirt.virDomain], object],
-) -> None:
-    ensure_test_uri(conn.getURI())
-    dom = _require(conn, name)
-    watcher.expect(name, cause)
-    try:
-        act(dom)
-    except libvirt.libvirtError:
-        watcher.forget(name)
-        raise
-    log.info("simulated", domain=name, cause=cause)
 
 
 def verdict_now(conn: libvirt.virConnect, obs: Observation) -> Verdict:
@@ -257,7 +197,8 @@ def _lookup(conn: libvirt.virConnect, name: str) -> libvirt.virDomain | None:
         raise
 
 
-def _require(conn: libvirt.virConnect, name: str) -> libvirt.virDomain:
+def require(conn: libvirt.virConnect, name: str) -> libvirt.virDomain:
+    """The domain of that name; `NotFound` when the host has none."""
     dom = _lookup(conn, name)
     if dom is None:
         raise NotFound(f"domain {name!r} is not defined on this host")

@@ -39,6 +39,8 @@ QEMU_THROTTLE_TRIGGER: Final = 0.5
 
 PROGRESS_TIMEOUT: Final = "progress timeout"
 COMPLETION_TIMEOUT: Final = "completion timeout"
+SOURCE_LOST_DOMAIN_REASON: Final = "the source lost the domain"
+"""Why a simulated transfer fails whose guest left its source meanwhile."""
 
 TransferState = Literal["running", "converged", "failed"]
 

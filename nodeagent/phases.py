@@ -24,6 +24,10 @@ class GuestPhase(StrEnum):
     FAILED = "Failed"
 
 
+FINISHED = frozenset({GuestPhase.SUCCEEDED, GuestPhase.FAILED})
+"""The phases a VMI never leaves."""
+
+
 class StopCause(StrEnum):
     """Why a domain is about to stop (or pause), recorded before it does so its event can be
     judged."""

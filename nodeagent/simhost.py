@@ -1,148 +1,241 @@
-"""A simulated (libvirt test-driver) host kept in a file, so it outlives its agent.
+"""A simulated host: libvirt's test driver (`test:///default`, or a host of its own in a file).
 
-`test:///default` lives inside the process that opens it: `kill -9` of its agent loses every
-guest, where a real hypervisor's libvirtd would have kept them. libvirt's test driver also
-opens a host described by a file, `test:///abs/path.xml` holding `<node><domain>…</domain>…
-</node>`, where each domain may carry its state as `<test:runstate>`. `SimulatedHost.save`
-writes a connection's domains back in that form, so the next agent to open the file finds
-its guests (same uuid, metadata and state) and adopts them as it adopts libvirtd's.
+Its guests run no code: they open no files, have no network, console or guest agent, and
+stop, crash or fail a disk only when `virtbus sim` says so (`simulate`; the test driver can
+only destroy or suspend, so the `LifecycleWatcher` is told what the stop or pause means).
+Its domains are of type `test`, and its node is labelled with `TEST_HOST_CPU_MODEL`, as the
+test driver names no CPU.
 
-Only active domains (running, paused, ...) are written, transient ones marked so. The file
-cannot say why a domain is in its state (the test driver loads each with reason unknown),
-and a shut-off domain whose reason is lost cannot be judged (`phases.phase_for` makes it no
-change): left out, it is a domain missing after agent restart, which is what it is. The
-agent never keeps shut-off domains anyway; it undefines them once it has reported them.
+The test driver cannot migrate, so a source steps a simulated transfer (`nodeagent.migration`)
+from the guest's memory (`memory.guest`, else its memory request), the link (the agent's
+`sim_migration_bandwidth`, or the migration's bandwidth when lower) and the guest's dirty
+rate (its VMI's `virtbus.io/simulated-dirty-rate`, else the agent's `sim_dirty_rate`).
 
-A save costs what changed, not the host's size in libvirt calls: the active domains' ids come
-in one call, the few not running and the few transient in one call each, and a domain is
-read again only when it is new (the test driver numbers every start anew) or its state
-changed. The file is written whole, without an fsync: what it has to outlive is its agent
-(`kill -9`), and a write is in the kernel's page cache once it returns. A power loss is a
-real host's loss of every guest; a file it left torn is opened as an empty host, the guests
-gone, as a real host's would be (`uri`).
+The host lives in the agent's process (`HostInMemory`), or in a `--sim-state` file that
+outlives the agent (`nodeagent.hostfile`), saved after each change the agent makes or
+reports and before it reports or acknowledges it.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-import xml.etree.ElementTree as ET
-from pathlib import Path
-from urllib.parse import quote
+import asyncio
+import functools
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import libvirt
+import msgspec
 import structlog
 
-from nodeagent.lifecycle import TEST_DRIVER_SCHEME, SimulationRefused
-from nodeagent.virterror import is_no_domain
+from events.api.errors import VirtbusError
+from events.api.resources import guest_memory_bytes, quantity
+from events.language.messages import SIMULATED_DIRTY_RATE_ANNOTATION
+from events.runtime.aio import pause_unless_stopped
+from nodeagent.converter.context import domain_name
+from nodeagent.defaults import TEST_HOST_CPU_MODEL
+from nodeagent.domxml import parse_manifest
+from nodeagent.host import AgentSwitch, Consoles, Host, ReportInterfaces, TransferPlan
+from nodeagent.lifecycle import require
+from nodeagent.migration import SOURCE_LOST_DOMAIN_REASON, Link, Transfer, advance, begin
+from nodeagent.phases import StopCause
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+
+    from events.api.vm import VirtualMachineInstanceSpec
+    from events.language.messages import MigrationOrder, SimRequest
+    from nodeagent.config import AgentConfig
+    from nodeagent.converter import ConverterContext
+    from nodeagent.converter.context import DomainType
+    from nodeagent.vmiref import VMIRef
+    from nodeagent.watcher import LifecycleWatcher
 
 log = structlog.get_logger(__name__)
 
-TEST_DEFAULT_URI = "test:///default"
-"""The one `--libvirt-uri` that `--sim-state` goes with: the test driver, its host in the file
-(an empty `<node>` has test:///default's CPUs and memory, without its sample domain and NUMA
-cells, which no agent uses)."""
-TEST_NAMESPACE = "http://libvirt.org/schemas/domain/test/1.0"
-EMPTY_HOST = "<node>\n</node>\n"
+
+class HostKeeping(Protocol):
+    """Where a simulated host is kept between an agent's changes."""
+
+    @property
+    def uri(self) -> str: ...
+
+    async def keep(self, conn: libvirt.virConnect) -> None: ...
 
 
-class SimulatedHost:
-    """The test-driver host kept in `path`; `save` may run on any thread (saves take turns)."""
+class HostInMemory:
+    """The test driver's host as libvirt keeps it: in the process, gone with it."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path).absolute()
-        self._saving = threading.Lock()
-        self._conn: libvirt.virConnect | None = None
-        self._parts: dict[int, tuple[_Seen, str]] = {}
-        """Each active domain's part of the file as last written, by its id in `_conn`,
-        with what it was seen as then."""
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+
+    async def keep(self, conn: libvirt.virConnect) -> None:
+        """Nothing to write: the host is the process's."""
+
+
+class NoConsoles:
+    """A simulated guest writes nothing on its console: there is nothing to publish."""
+
+    async def follow(self, ref: VMIRef) -> None:
+        pass
+
+    async def forget(self, ref: VMIRef) -> None:
+        pass
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        pass
+
+
+class SimulatedHost(Host):
+    fallback_cpu_model = TEST_HOST_CPU_MODEL
+
+    def __init__(self, cfg: AgentConfig, keeping: HostKeeping) -> None:
+        super().__init__(cfg)
+        self.keeping = keeping
 
     @property
     def uri(self) -> str:
-        """The test-driver URI of the file, written as an empty host first when missing or
-        torn (kept beside it as `<name>.torn`)."""
-        if not self.path.exists():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._write(EMPTY_HOST)
-        else:
-            try:
-                ET.parse(self.path)  # the host's own file, written by `save`
-            except ET.ParseError as err:
-                torn = self.path.with_name(f"{self.path.name}.torn")
-                log.warning("simulated host file torn: the host starts empty",
-                            file=str(self.path), kept_as=str(torn), error=str(err))
-                os.replace(self.path, torn)
-                self._write(EMPTY_HOST)
-        return TEST_DRIVER_SCHEME + quote(str(self.path))
+        return self.keeping.uri
 
-    def save(self, conn: libvirt.virConnect) -> None:
-        """Write the connection's active domains, each with its runstate, atomically."""
-        with self._saving:
-            if conn is not self._conn:  # ids number a connection's starts, not the host's
-                self._conn, self._parts = conn, {}
-            active = libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE
-            ids = conn.listDomainsID()
-            not_running: dict[int, int] = {}
-            for dom in conn.listAllDomains(active | libvirt.VIR_CONNECT_LIST_DOMAINS_PAUSED
-                                           | libvirt.VIR_CONNECT_LIST_DOMAINS_OTHER):
-                try:
-                    not_running[dom.ID()] = dom.state()[0]
-                except libvirt.libvirtError as err:
-                    if not is_no_domain(err):
-                        raise  # else: gone while we looked, as below
-            transient = {dom.ID() for dom in conn.listAllDomains(
-                active | libvirt.VIR_CONNECT_LIST_DOMAINS_TRANSIENT)}
-            parts: dict[int, tuple[_Seen, str]] = {}
-            for domain_id in ids:
-                seen = (not_running.get(domain_id, libvirt.VIR_DOMAIN_RUNNING),
-                        domain_id not in transient)
-                known = self._parts.get(domain_id)
-                if known is not None and known[0] == seen:
-                    parts[domain_id] = known
-                    continue
-                try:
-                    parts[domain_id] = (seen, _with_runstate(conn.lookupByID(domain_id), seen))
-                except libvirt.libvirtError as err:
-                    if not is_no_domain(err):
-                        raise  # else: gone while we looked; the next save agrees
-            self._write("".join(["<node>\n", *(part for _, part in parts.values()),
-                                 "</node>\n"]))
-            self._parts = parts
+    @property
+    def domain_type(self) -> DomainType:
+        return "test"
 
-    def _write(self, text: str) -> None:
-        """Replace the file whole: a reader (the next agent) sees the old host or the new
-        one, never a torn one, whichever process dies (see the module on power loss)."""
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, self.path)
+    def use_emulation(self, emulate: bool) -> None:
+        """A test domain is neither KVM's nor QEMU's."""
 
+    def consoles(self, nc: Client) -> Consoles:
+        return NoConsoles()
 
-_Seen = tuple[int, bool]
-"""What a domain's part of the file is kept for, beside its id (a domain started again, even
-under the same uuid, has a new one): its state and whether it is persistent. The agent
-changes a running domain's live XML by none of its calls, only by starting a domain anew."""
+    async def resume(self, live: set[str]) -> None:
+        """Nothing here but the domains."""
 
+    async def watch_interfaces(self, stop: asyncio.Event, guests: Callable[[], Iterable[VMIRef]],
+                               report: ReportInterfaces) -> None:
+        """A simulated guest has no interfaces to watch."""
 
-def _with_runstate(dom: libvirt.virDomain, seen: _Seen) -> str:
-    """The domain's XML with its state as the test driver reads it back."""
-    state, persistent = seen
-    xml = dom.XMLDesc(0)
-    marks = f"<test:runstate xmlns:test='{TEST_NAMESPACE}'>{state}</test:runstate>"
-    if not persistent:
-        marks += f"<test:transient xmlns:test='{TEST_NAMESPACE}'/>"
-    end = xml.rindex("</domain>")
-    return f"{xml[:end]}  {marks}\n{xml[end:]}"
+    def guest_context(self, ref: VMIRef, spec: VirtualMachineInstanceSpec,
+                      ctx: ConverterContext) -> ConverterContext:
+        """As converted: no serial log, no taps."""
+        return ctx
 
+    async def make_files(self, spec: VirtualMachineInstanceSpec, ctx: ConverterContext) -> None:
+        """A simulated guest opens none."""
 
-def for_agent(libvirt_uri: str, sim_state: str) -> SimulatedHost | None:
-    """The host an agent keeps in `--sim-state`, refused with any other driver than
-    test:///default (a real hypervisor keeps its own domains; another test file is a host
-    of its own)."""
-    if not sim_state:
+    async def attach(self, ref: VMIRef, spec: VirtualMachineInstanceSpec) -> None:
+        """A simulated guest has no network."""
+
+    async def release(self, ref: VMIRef) -> None:
+        """Nothing was made."""
+
+    async def agent_connected(self, dom: libvirt.virDomain) -> bool | None:
         return None
-    if libvirt_uri != TEST_DEFAULT_URI:
-        raise SimulationRefused(
-            f"--sim-state keeps a simulated host in a file and needs --libvirt-uri "
-            f"{TEST_DEFAULT_URI}, not {libvirt_uri!r}"
-        )
-    return SimulatedHost(sim_state)
+
+    async def save(self) -> None:
+        await self.keeping.keep(self.conn)
+
+    async def simulate(self, request: SimRequest, agent: AgentSwitch) -> None:
+        domain = domain_name(request.namespace, request.name)
+        match request.action:
+            case "guest-shutdown":
+                await asyncio.to_thread(simulate_guest_shutdown, self.conn, domain, self.watcher)
+            case "guest-crash":
+                await asyncio.to_thread(simulate_guest_crash, self.conn, domain, self.watcher)
+            case "guest-io-error":
+                await asyncio.to_thread(simulate_guest_io_error, self.conn, domain, self.watcher)
+            case "agent-stop":
+                await agent.switch_off()
+            case "agent-start":
+                await agent.switch_on()
+
+    def migration_address(self) -> str:
+        """Nothing listens: the transfer is simulated on the source."""
+        return ""
+
+    def plan_transfer(self, order: MigrationOrder, vmi: dict[str, Any], ref: VMIRef, *,
+                      progress: Callable[[Transfer], Awaitable[None]],
+                      still_here: Callable[[], bool]) -> TransferPlan:
+        link = self._link(vmi, order)
+        first = begin(link)
+        return TransferPlan(first, functools.partial(self._transfer, link, first, progress,
+                                                     still_here))
+
+    def _link(self, vmi: dict[str, Any], order: MigrationOrder) -> Link:
+        """The simulated transfer's guest, link and limits (module docstring)."""
+        spec, _ = parse_manifest(vmi, domain_type=self.domain_type, disk_dir=self.cfg.disk_dir)
+        annotations = (vmi.get("metadata") or {}).get("annotations") or {}
+        dirty_rate = self.cfg.sim_dirty_rate
+        if SIMULATED_DIRTY_RATE_ANNOTATION in annotations:
+            given = annotations[SIMULATED_DIRTY_RATE_ANNOTATION]
+            try:
+                dirty_rate = int(quantity(given))
+            except (ValueError, TypeError, ArithmeticError):
+                raise VirtbusError(f"annotation {SIMULATED_DIRTY_RATE_ANNOTATION}: not a "
+                                   f"quantity per second: {given!r}") from None
+        bandwidth = self.cfg.sim_migration_bandwidth
+        if order.bandwidth_bytes_per_second:
+            bandwidth = min(bandwidth, order.bandwidth_bytes_per_second)
+        return Link(memory=guest_memory_bytes(spec.domain), bandwidth=bandwidth,
+                    dirty_rate=max(dirty_rate, 0),
+                    progress_timeout=order.progress_timeout_seconds,
+                    completion_timeout=order.completion_timeout_seconds,
+                    allow_post_copy=order.allow_post_copy,
+                    allow_auto_converge=order.allow_auto_converge)
+
+    async def _transfer(self, link: Link, transfer: Transfer,
+                        progress: Callable[[Transfer], Awaitable[None]],
+                        still_here: Callable[[], bool], halt: asyncio.Event) -> Transfer | None:
+        """Step the transfer every report interval, on the time that really passed,
+        reporting its progress, until it converges or fails, or is halted."""
+        last = time.monotonic()
+        while transfer.state == "running":
+            await pause_unless_stopped(halt, self.cfg.migration_report_seconds)
+            if halt.is_set():
+                return None  # aborted (the abort reports it), or the agent stops
+            now = time.monotonic()
+            transfer = advance(link, transfer, now - last)
+            last = now
+            if not still_here():
+                transfer = msgspec.structs.replace(transfer, state="failed",
+                                                   reason=SOURCE_LOST_DOMAIN_REASON)
+            if transfer.state == "running":
+                await progress(transfer)
+        return transfer
+
+    async def migrated_away(self, domain: str) -> bool:
+        """A simulated transfer ends with the agent that ran it: the guest never left."""
+        return False
+
+    async def arrived(self, domain: str) -> bool:
+        """A simulated guest comes in only when its migration's finish starts it."""
+        return False
+
+
+def simulate_guest_shutdown(conn: libvirt.virConnect, name: str,
+                            watcher: LifecycleWatcher) -> None:
+    """The guest powers itself off: Succeeded, observed with cause "guest shutdown"."""
+    _simulate(conn, name, watcher, StopCause.GUEST_SHUTDOWN, lambda dom: dom.shutdown())
+
+
+def simulate_guest_crash(conn: libvirt.virConnect, name: str, watcher: LifecycleWatcher) -> None:
+    """The guest crashes: the test driver can only destroy, so the cause says it crashed."""
+    _simulate(conn, name, watcher, StopCause.GUEST_CRASH, lambda dom: dom.destroy())
+
+
+def simulate_guest_io_error(conn: libvirt.virConnect, name: str,
+                            watcher: LifecycleWatcher) -> None:
+    """A disk I/O error pauses the guest (a disk's `error_policy` of stop, libvirt's and
+    KubeVirt's default): the test driver can only suspend, so the cause says why."""
+    _simulate(conn, name, watcher, StopCause.IO_ERROR, lambda dom: dom.suspend())
+
+
+def _simulate(conn: libvirt.virConnect, name: str, watcher: LifecycleWatcher, cause: StopCause,
+              act: Callable[[libvirt.virDomain], object]) -> None:
+    dom = require(conn, name)
+    watcher.expect(name, cause)
+    try:
+        act(dom)
+    except libvirt.libvirtError:
+        watcher.forget(name)
+        raise
+    log.info("simulated", domain=name, cause=cause)

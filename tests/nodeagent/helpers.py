@@ -18,7 +18,9 @@ from controlplane.controllers.dispatcher import WorkConsumers
 from controlplane.writer import Writer
 from events.language.messages import Command, DomainObservation, NodeCommand, NodeReport
 from events.language.subjects import Layout
-from nodeagent.agent import AgentConfig, NodeAgent, VMIRef
+from nodeagent.agent import NodeAgent
+from nodeagent.config import AgentConfig
+from nodeagent.vmiref import VMIRef
 
 WAIT_SECONDS = 20.0
 
@@ -86,7 +88,7 @@ async def start(cluster: Cluster, nats_url: str, **options: Any) -> Running:
 
 def owned(agent: NodeAgent, namespace: str) -> list[str]:
     """uids of this test's guests on the shared host, as libvirt lists them now."""
-    return sorted(d.uid for d in agent.summaries() if d.name.startswith(f"{namespace}_"))
+    return sorted(d.uid for d in agent.guests.summaries() if d.name.startswith(f"{namespace}_"))
 
 
 async def next_report(sub: JetStreamContext.PullSubscription,

@@ -35,12 +35,14 @@ from events.language.messages import (
 from events.language.query import Query, ask
 from events.language.subjects import Layout
 from nodeagent import lifecycle
-from nodeagent.agent import AgentConfig, NodeAgent, VMIRef
+from nodeagent.agent import NodeAgent
+from nodeagent.config import AgentConfig
 from nodeagent.converter import convert
 from nodeagent.defaults import DOMAIN_MISSING_REASON
 from nodeagent.domxml import parse_manifest
 from nodeagent.downwardmetrics import DISK_SIZE, Metric, MetricsDiskError, read_disk
-from nodeagent.lifecycle import SimulationRefused
+from nodeagent.host import SimulationRefused
+from nodeagent.vmiref import VMIRef
 from projections.cluster import ClusterState
 from tests.nodeagent.helpers import (
     SPEC,
@@ -82,7 +84,7 @@ async def test_restart_neither_loses_nor_duplicates_guests(
 
     first = await start(cluster, nats_url)
     for ref in (kept, kept, orphan):
-        await first.agent.execute(cluster.launch(ref), ref)
+        await first.agent.work.execute(cluster.launch(ref), ref)
     assert owned(first.agent, cluster.namespace) == sorted([kept.uid, orphan.uid])
     await first.close()
 
@@ -90,21 +92,21 @@ async def test_restart_neither_loses_nor_duplicates_guests(
     try:
         agent = second.agent
         assert owned(agent, cluster.namespace) == [kept.uid], "kept once, the orphan removed"
-        assert agent.ledger.holders() == {kept.uid}
+        assert agent.guests.ledger.holders() == {kept.uid}
         # What the launch took, from the VMI's spec: an emulated host has no /dev/kvm to
         # give, and the default pod interface needs one tun.
-        assert agent.ledger.in_use() == {KVM_DEVICE: 0, TUN_DEVICE: 1}
-        assert list(agent.domains.values()) == [kept]
+        assert agent.guests.ledger.in_use() == {KVM_DEVICE: 0, TUN_DEVICE: 1}
+        assert list(agent.guests.domains.values()) == [kept]
         await next_report(reports, reported_domain("lost", DOMAIN_MISSING_REASON))
-        await agent.execute(cluster.launch(kept), kept)
+        await agent.work.execute(cluster.launch(kept), kept)
         assert owned(agent, cluster.namespace) == [kept.uid]
 
-        agent.discovery = dataclasses.replace(agent.discovery, kvm_devices=7)
+        agent.reporter.discovery = dataclasses.replace(agent.reporter.discovery, kvm_devices=7)
         changed = await next_report(reports, lambda r: bool(
             r.info and r.info["capacity"]["devices.kubevirt.io/kvm"] == "7"))
         assert changed.kind == "node"
     finally:
-        lifecycle.graceful_stop(second.agent.conn, kept.domain, 0, second.agent.watcher)
+        lifecycle.graceful_stop(second.agent.host.conn, kept.domain, 0, second.agent.host.watcher)
         await second.close()
 
 
@@ -121,11 +123,11 @@ async def test_another_installations_guest_on_the_host_is_left_alone(
     dom.create()
     running = await start(cluster, nats_url)
     try:
-        assert ref.domain not in running.agent.domains
+        assert ref.domain not in running.agent.guests.domains
         assert conn.lookupByName(ref.domain).isActive(), "another installation's guest removed"
         stop = NodeCommand(event_id=str(uuid.uuid4()), verb="stop", namespace=ref.namespace,
                            name=ref.name, uid=ref.uid)
-        await running.agent.execute(stop, ref)
+        await running.agent.work.execute(stop, ref)
         assert conn.lookupByName(ref.domain).isActive(), "another installation's guest stopped"
     finally:
         await running.close()
@@ -140,18 +142,18 @@ async def test_a_host_kept_in_a_file_outlives_its_agent(
     kept = await cluster.placed("kept")
     sim_state = str(tmp_path / "host.xml")
     first = await start(cluster, nats_url, sim_state=sim_state)
-    await first.agent.execute(cluster.launch(kept), kept)
+    await first.agent.work.execute(cluster.launch(kept), kept)
     pause = NodeCommand(event_id=str(uuid.uuid4()), verb="pause", namespace=kept.namespace,
                         name=kept.name, uid=kept.uid)
-    await first.agent.execute(pause, kept)
+    await first.agent.work.execute(pause, kept)
     await first.close()
 
     second = await start(cluster, nats_url, sim_state=sim_state)
     try:
-        [guest] = second.agent.summaries()
+        [guest] = second.agent.guests.summaries()
         assert (guest.uid, guest.state) == (kept.uid, libvirt.VIR_DOMAIN_PAUSED)
-        assert list(second.agent.domains.values()) == [kept]
-        assert kept.uid in second.agent.ledger.holders()
+        assert list(second.agent.guests.domains.values()) == [kept]
+        assert kept.uid in second.agent.guests.ledger.holders()
     finally:
         await second.close()
 
@@ -241,7 +243,7 @@ async def test_a_downward_metrics_disk_is_written_at_launch_and_refreshed(
 
     first = await start(cluster, nats_url, **options)
     try:
-        await first.agent.execute(cluster.launch(ref, METRICS_SPEC), ref)
+        await first.agent.work.execute(cluster.launch(ref, METRICS_SPEC), ref)
         assert disk.stat().st_size == DISK_SIZE
         written = await metrics_on(disk, lambda m: any(x.context == "vm" for x in m))
         values = {(m.context, m.name): m.value for m in written}
@@ -255,12 +257,12 @@ async def test_a_downward_metrics_disk_is_written_at_launch_and_refreshed(
     left = host_time(read_disk(str(disk)))
     second = await start(cluster, nats_url, **options)
     try:
-        assert second.agent.metrics_disks == {ref.domain: (str(disk),)}
+        assert second.agent.guests.metrics_disks == {ref.domain: (str(disk),)}
         await metrics_on(disk, lambda m: host_time(m) > left)
         stop = NodeCommand(event_id=str(uuid.uuid4()), verb="stop", namespace=ref.namespace,
                            name=ref.name, uid=ref.uid)
-        await second.agent.execute(stop, ref)
-        assert second.agent.metrics_disks == {}
+        await second.agent.work.execute(stop, ref)
+        assert second.agent.guests.metrics_disks == {}
     finally:
         await second.close()
 
@@ -300,10 +302,10 @@ async def test_libvirts_echo_of_a_launch_is_not_reported_again(
         cluster.layout.reports_filter, stream=cluster.layout.reports_stream)
     running = await start(cluster, nats_url)
     try:
-        await running.agent.execute(cluster.launch(ref), ref)
+        await running.agent.work.execute(cluster.launch(ref), ref)
         pause = NodeCommand(event_id=str(uuid.uuid4()), verb="pause", namespace=ref.namespace,
                             name=ref.name, uid=ref.uid)
-        await running.agent.execute(pause, ref)
+        await running.agent.work.execute(pause, ref)
         seen: list[tuple[str, str, bool]] = []
         deadline = time.monotonic() + WAIT_SECONDS
         while not (seen and seen[-1][2]) and time.monotonic() < deadline:
@@ -318,5 +320,5 @@ async def test_libvirts_echo_of_a_launch_is_not_reported_again(
                     seen.append((obs.phase, obs.reason, obs.paused))
         assert seen == [("Running", "launched", False), ("Running", "", True)]
     finally:
-        lifecycle.graceful_stop(running.agent.conn, ref.domain, 0, running.agent.watcher)
+        lifecycle.graceful_stop(running.agent.host.conn, ref.domain, 0, running.agent.host.watcher)
         await running.close()

@@ -20,9 +20,9 @@ from structlog.testing import capture_logs
 from events.api.vm import VirtualMachineInstanceSpec
 from events.language.messages import NodeReport
 from nodeagent import downwardmetrics
-from nodeagent.agent import VMIRef
 from nodeagent.converter import ConverterContext, convert
 from nodeagent.hostpaths import HostPathError, vmi_path
+from nodeagent.vmiref import VMIRef
 from tests.nodeagent.helpers import SPEC, Cluster, next_report, start
 from tests.nodeagent.test_work import publish, worked_through
 

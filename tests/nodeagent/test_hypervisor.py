@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from events.api.resources import KVM_DEVICE, TUN_DEVICE
+from nodeagent.agent import host_for
+from nodeagent.config import AgentConfig
 from nodeagent.discovery import DiscoveryConfig, discover_host
 from nodeagent.hypervisor import Hypervisor, kvm_runs_guests, probe
 from tests.realhost import QEMU, require
@@ -40,26 +42,27 @@ def test_an_emulator_that_exits_otherwise_is_no_kvm() -> None:
 
 @pytest.mark.parametrize(("choice", "kvm"), [("kvm", True), ("qemu", False)])
 def test_the_flag_decides_without_a_probe(choice: str, kvm: bool) -> None:
-    assert kvm_runs_guests("qemu:///system", "<capabilities/>", choice,  # type: ignore[arg-type]
-                           PROBE_SECONDS) is kvm
+    assert kvm_runs_guests("<capabilities/>", choice, PROBE_SECONDS) is kvm  # type: ignore[arg-type]
 
 
 def test_without_kvm_in_libvirt_there_is_no_probe() -> None:
     caps = ("<capabilities><host><cpu><arch>x86_64</arch></cpu></host><guest><arch "
             "name='x86_64'><emulator>/bin/false</emulator><domain type='qemu'/></arch></guest>"
             "</capabilities>")
-    assert kvm_runs_guests("qemu:///system", caps, "auto", PROBE_SECONDS) is False
+    assert kvm_runs_guests(caps, "auto", PROBE_SECONDS) is False
 
 
 def test_the_test_driver_is_never_kvm() -> None:
-    assert kvm_runs_guests("test:///default", "", "kvm", PROBE_SECONDS) is False
-    assert Hypervisor("test:///default", kvm=True).domain_type == "test"
+    host = host_for(AgentConfig(node="n1", nats_url="nats://127.0.0.1:1",
+                                libvirt_uri="test:///default", hypervisor="kvm"))
+    host.use_emulation(False)
+    assert host.domain_type == "test"
 
 
 def test_use_emulation_makes_guests_qemu_where_kvm_runs() -> None:
-    assert Hypervisor("qemu:///system", kvm=True).domain_type == "kvm"
-    assert Hypervisor("qemu:///system", kvm=True, use_emulation=True).domain_type == "qemu"
-    assert Hypervisor("qemu:///system", kvm=False).domain_type == "qemu"
+    assert Hypervisor(kvm=True).domain_type == "kvm"
+    assert Hypervisor(kvm=True, use_emulation=True).domain_type == "qemu"
+    assert Hypervisor(kvm=False).domain_type == "qemu"
 
 
 def test_an_emulating_node_offers_no_kvm_device(conn: libvirt.virConnect) -> None:

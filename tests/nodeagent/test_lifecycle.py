@@ -10,21 +10,26 @@ import libvirt
 import pytest
 
 from events.api.errors import Conflict, InvalidSpec, NotFound
+from events.language.messages import SimRequest
+from nodeagent.agent import NodeAgent, host_for
+from nodeagent.config import AgentConfig
+from nodeagent.host import SimulationRefused
 from nodeagent.lifecycle import (
-    SimulationRefused,
     StopOutcome,
     define_and_start,
-    ensure_test_uri,
     graceful_stop,
     pause,
     restart,
-    simulate_guest_crash,
-    simulate_guest_io_error,
-    simulate_guest_shutdown,
     unpause,
     verdict_now,
 )
 from nodeagent.phases import GuestPhase, StopCause
+from nodeagent.simhost import (
+    SimulatedHost,
+    simulate_guest_crash,
+    simulate_guest_io_error,
+    simulate_guest_shutdown,
+)
 from nodeagent.watcher import LifecycleWatcher, to_asyncio
 from tests.nodeagent.conftest import WAIT_SECONDS
 
@@ -228,14 +233,19 @@ def test_simulated_io_error_pauses_with_its_cause(
     assert guest.state()[0] == libvirt.VIR_DOMAIN_PAUSED
 
 
+def agent_config(uri: str) -> AgentConfig:
+    return AgentConfig(node="n", nats_url="nats://127.0.0.1:1", libvirt_uri=uri)
+
+
 @pytest.mark.parametrize("uri", ["qemu:///system", "qemu+ssh://host/system", "xen:///"])
-def test_simulation_is_refused_off_the_test_driver(uri: str) -> None:
+async def test_simulation_is_refused_off_the_test_driver(uri: str) -> None:
+    agent = NodeAgent(agent_config(uri))
     with pytest.raises(SimulationRefused, match="test://"):
-        ensure_test_uri(uri)
+        await agent.simulate(SimRequest(action="guest-crash", namespace="default", name="vm"))
 
 
 def test_simulation_is_allowed_on_custom_test_hosts() -> None:
-    ensure_test_uri("test:///tmp/node.xml")
+    assert isinstance(host_for(agent_config("test:///tmp/node.xml")), SimulatedHost)
 
 
 async def test_observations_reach_asyncio(

@@ -38,7 +38,8 @@ from events.language.messages import (
 )
 from nodeagent.__main__ import main as agent_main
 from nodeagent.defaults import DOMAIN_MISSING_REASON, SOURCE_RESTARTED_REASON
-from nodeagent.migrating import ABORTED_REASON, SOURCE_LOST_DOMAIN_REASON
+from nodeagent.migrating import ABORTED_REASON
+from nodeagent.migration import SOURCE_LOST_DOMAIN_REASON
 from nodeagent.vmiref import VMIRef
 from tests.nodeagent.helpers import SPEC, WAIT_SECONDS, Cluster, Running, start
 from tests.nodeagent.test_work import publish, worked_through
@@ -106,7 +107,7 @@ async def fence(cluster: Cluster, sub: JetStreamContext.PullSubscription) -> lis
 
 def guests(running: Running) -> dict[str, int]:
     """uid to libvirt state of the guests on the agent's own host."""
-    return {d.uid: d.state for d in running.agent.summaries()}
+    return {d.uid: d.state for d in running.agent.guests.summaries()}
 
 
 class Pair:
@@ -147,7 +148,7 @@ async def reports_of(cluster: Cluster) -> JetStreamContext.PullSubscription:
 
 async def launched(pair: Pair, source: Running, name: str) -> VMIRef:
     ref = await pair.source.placed(name)
-    await source.agent.execute(pair.source.launch(ref), ref)
+    await source.agent.work.execute(pair.source.launch(ref), ref)
     return ref
 
 
@@ -164,7 +165,7 @@ async def test_a_guest_moves_prepare_migrate_finish_cleanup(pair: Pair) -> None:
         assert ready.migration is not None and ready.migration.migration_uid == order.uid
         assert ready.correlation_id == "corr-migrate-prepare"
         assert guests(target) == {}, "prepared, not started"
-        assert ref.uid in target.agent.ledger.holders(), "its devices are held for it"
+        assert ref.uid in target.agent.guests.ledger.holders(), "its devices are held for it"
 
         await do(pair.source, source, work("migrate", ref, order, vmi(ref)))
         seen = await reports_until(reports, migration_report(pair.source.node, "converged"))
@@ -379,7 +380,7 @@ async def test_a_target_back_before_the_log_moved_the_vmi_keeps_the_guest(pair: 
     try:
         await do(pair.target, first, work("migrate-prepare", ref, order, vmi(ref)))
         await next_report(reports, migration_report(pair.target.node, "target-ready"))
-        await first.agent._launch(vmi(ref), ref)  # as libvirt's hand-over defines it here
+        await first.agent.guests.launch(vmi(ref), ref)  # as libvirt's hand-over defines it here
     finally:
         await first.close()
     second = await pair.agent(pair.target)
@@ -404,10 +405,10 @@ async def test_a_failed_migration_leaves_the_target_empty(pair: Pair) -> None:
         await target.close()
     target = await pair.agent(pair.target)
     try:
-        assert ref.uid in target.agent.ledger.holders(), "held again by the next agent"
+        assert ref.uid in target.agent.guests.ledger.holders(), "held again by the next agent"
         await do(pair.target, target, work("migrate-cleanup", ref, order))
         assert target.agent.migrations.book.incoming == {}
-        assert ref.uid not in target.agent.ledger.holders()
+        assert ref.uid not in target.agent.guests.ledger.holders()
         assert guests(target) == {}
     finally:
         await target.close()
@@ -424,7 +425,7 @@ async def test_a_target_without_free_devices_is_not_ready(pair: Pair) -> None:
         assert failed.migration.reason.startswith(
             "target not ready: devices.kubevirt.io/tun: 0 of 0 free"), failed.migration.reason
         assert target.agent.migrations.book.incoming == {}
-        assert target.agent.ledger.holders() == frozenset()
+        assert target.agent.guests.ledger.holders() == frozenset()
     finally:
         await target.close()
 
@@ -449,7 +450,7 @@ async def test_migration_work_that_makes_no_sense_is_rejected(pair: Pair) -> Non
                 work("migrate", ref, pair.order(), vmi(ref))}
         for command in [*not_ours, *ours.values()]:
             await do(pair.source, source, command)
-        assert source.agent.rejected == len(not_ours) + len(ours)
+        assert source.agent.work.rejected == len(not_ours) + len(ours)
         failed = {r.migration.migration_uid: r for r in await fence(pair.source, reports)
                   if r.migration and r.migration.state == "failed"}
         assert set(failed) == {c.migration.uid for c in ours.values() if c.migration}
@@ -489,7 +490,7 @@ async def test_a_source_back_after_succeeded_removes_its_copy_quietly(pair: Pair
     ref = await pair.target.placed("departed")  # where the log has it once Succeeded
     first = await pair.agent(pair.source)
     try:
-        await first.agent.execute(pair.source.launch(ref), ref)
+        await first.agent.work.execute(pair.source.launch(ref), ref)
         order = pair.order()
         await do(pair.source, first, work("migrate", ref, order, vmi(ref)))
         await next_report(reports, migration_report(pair.source.node, "converged"))

@@ -132,7 +132,7 @@ async def test_a_real_guest_boots_reads_its_disks_and_stops_on_acpi(
         "Succeeded", "stopped on request (ShutDown)", True)
     assert not vmi_dir.exists(), "the overlay, the ISO and the kernel stay behind"
     assert not log.parent.exists()
-    assert Path(running.agent.images.resolve("image", DISK_IMAGE)).exists()
+    assert Path(ImageStore(str(host / "images")).resolve("image", DISK_IMAGE)).exists()
 
 
 async def test_a_missing_image_fails_the_launch_and_defines_nothing(
@@ -148,7 +148,7 @@ async def test_a_missing_image_fails_the_launch_and_defines_nothing(
         "launch failed: spec.volumes[0].containerDisk.image: image 'virtbus.test/missing:1' "
         f"is not in this node's image store ({host / 'images'}); import it: virtbus node "
         "import-image virtbus.test/missing:1 FILE")
-    assert ref.domain not in {d.name for d in running.agent.summaries()}
+    assert ref.domain not in {d.name for d in running.agent.guests.summaries()}
     assert not (host / "disks" / ref.namespace / ref.name).exists()
     assert not os.path.exists(Path(converter_defaults.RUN_DIR, ref.namespace, ref.name))
 
@@ -170,7 +170,7 @@ async def test_a_real_guest_whose_qemu_is_killed_fails_with_the_reason(
     assert failed.domain is not None
     assert (failed.domain.reason, failed.domain.gone) == (
         "QEMU ended unexpectedly (killed or failed)", True)
-    assert ref.domain not in {d.name for d in running.agent.summaries()}
+    assert ref.domain not in {d.name for d in running.agent.guests.summaries()}
     assert not (host / "disks" / ref.namespace / ref.name).exists()
 
 

@@ -392,7 +392,7 @@ async def test_an_interface_the_node_cannot_give_fails_the_launch_and_makes_noth
         assert failed.domain is not None
         assert failed.domain.reason == (
             "launch failed: spec.networks[0]: this node has only the pod network")
-        assert ref.domain not in {d.name for d in running.agent.summaries()}
+        assert ref.domain not in {d.name for d in running.agent.guests.summaries()}
         assert links.taps_on(net_host.bridge) == {}
         assert not (net_host.network_dir / net_host.bridge / "nics.json").exists()
     finally:

@@ -14,10 +14,11 @@ from typing import Any, cast
 import libvirt
 import pytest
 
-from nodeagent.agent import VMIRef, vmi_of
 from nodeagent.converter.identity import VMI_METADATA_NS
-from nodeagent.simhost import SimulatedHost
+from nodeagent.guests import vmi_of
+from nodeagent.hostfile import HostFile
 from nodeagent.virterror import quiet_libvirt_errors
+from nodeagent.vmiref import VMIRef
 
 
 def guest(name: str) -> str:
@@ -31,7 +32,7 @@ def guest(name: str) -> str:
 
 
 @contextlib.contextmanager
-def opened(host: SimulatedHost) -> Iterator[libvirt.virConnect]:
+def opened(host: HostFile) -> Iterator[libvirt.virConnect]:
     """A connection to the host as its file holds it now."""
     conn = libvirt.open(host.uri)
     try:
@@ -42,7 +43,7 @@ def opened(host: SimulatedHost) -> Iterator[libvirt.virConnect]:
 
 def test_a_saved_host_comes_back_with_its_guests(tmp_path: Path) -> None:
     quiet_libvirt_errors()
-    host = SimulatedHost(tmp_path / "a dir" / "host.xml")
+    host = HostFile(tmp_path / "a dir" / "host.xml")
     with opened(host) as conn:
         assert conn.listAllDomains(0) == [], "a missing file is an empty host"
         running = conn.defineXML(guest("running"))
@@ -85,7 +86,7 @@ def test_each_save_writes_what_changed_since_the_last(tmp_path: Path) -> None:
     since, and one started anew under the same uuid (another VMI with the same firmware
     uuid) between two saves, are written as they are now."""
     quiet_libvirt_errors()
-    host = SimulatedHost(tmp_path / "host.xml")
+    host = HostFile(tmp_path / "host.xml")
     with opened(host) as conn:
         conn.defineXML(guest("paused")).create()
         resumed = conn.defineXML(guest("resumed"))
@@ -112,7 +113,7 @@ def test_a_new_connection_is_saved_as_it_is(tmp_path: Path) -> None:
     """Ids number one connection's starts: a guest of a new connection under an id a guest
     of the last one had is written as itself."""
     quiet_libvirt_errors()
-    host = SimulatedHost(tmp_path / "host.xml")
+    host = HostFile(tmp_path / "host.xml")
     with opened(host) as first:
         first.defineXML(guest("first")).create()
         host.save(first)
@@ -132,7 +133,7 @@ def test_a_torn_host_file_is_a_host_that_lost_its_guests(tmp_path: Path) -> None
     quiet_libvirt_errors()
     path = tmp_path / "host.xml"
     path.write_text("<node>\n<domain type='test'><name>cut</na")
-    host = SimulatedHost(path)
+    host = HostFile(path)
     with opened(host) as conn:
         assert conn.listAllDomains(0) == []
     assert (tmp_path / "host.xml.torn").read_text().endswith("<name>cut</na")
@@ -159,7 +160,7 @@ class _RemovingWhileListed:
 
 def test_a_guest_removed_while_a_save_looks_is_left_out(tmp_path: Path) -> None:
     quiet_libvirt_errors()
-    host = SimulatedHost(tmp_path / "host.xml")
+    host = HostFile(tmp_path / "host.xml")
     with opened(host) as conn:
         conn.defineXML(guest("stays")).create()
         removed = conn.defineXML(guest("removed"))

@@ -72,7 +72,7 @@ async def test_a_report_nats_cannot_take_is_retried_and_the_agent_goes_on(
     running = await start(cluster, nats_url)
     js = cluster.nc.jetstream()
     try:
-        await running.agent.execute(cluster.launch(ref), ref)
+        await running.agent.work.execute(cluster.launch(ref), ref)
         await js.delete_stream(cluster.layout.reports_stream)
         with capture_logs() as logs:
             await running.agent.simulate(SimRequest(action="guest-crash",
@@ -112,7 +112,7 @@ async def test_work_consumer_lost_is_set_up_again_and_work_goes_on(
         assert report.domain is not None and report.domain.phase == GuestPhase.RUNNING
         assert not running.task.done()
     finally:
-        lifecycle.graceful_stop(running.agent.conn, ref.domain, 0, running.agent.watcher)
+        lifecycle.graceful_stop(running.agent.host.conn, ref.domain, 0, running.agent.host.watcher)
         await running.close()
 
 
@@ -172,5 +172,5 @@ async def test_a_deleted_work_consumer_is_set_up_again(cluster: Cluster,
                                    and r.domain.name == ref.name)
         assert report.domain is not None and report.domain.phase == GuestPhase.RUNNING
     finally:
-        lifecycle.graceful_stop(running.agent.conn, ref.domain, 0, running.agent.watcher)
+        lifecycle.graceful_stop(running.agent.host.conn, ref.domain, 0, running.agent.host.watcher)
         await running.close()

@@ -23,7 +23,7 @@ from structlog.testing import capture_logs
 from events.jetstream.streams import WORK_MAX_DELIVER, work_consumer
 from events.language.messages import NodeCommand, SimRequest
 from nodeagent import lifecycle
-from nodeagent.agent import VMIRef
+from nodeagent.vmiref import VMIRef
 from nodeagent.watcher import LifecycleWatcher
 from tests.nodeagent.conftest import Recorder
 from tests.nodeagent.helpers import WAIT_SECONDS, Cluster, Running, next_report, owned, start
@@ -256,7 +256,7 @@ async def test_an_observation_libvirt_fails_leaves_the_agent_reporting(
 
         async def paused_reported() -> bool:
             assert not running.task.done(), "the agent ended"
-            return running.agent.reported.get(ref.uid, (None, False, ""))[1]
+            return running.agent.reporter.reported.get(ref.uid, (None, False, ""))[1]
         await eventually(paused_reported, what="the pause reported")
     finally:
         lifecycle.graceful_stop(conn, ref.domain, 0, watcher)  # the host outlives the agent
@@ -298,7 +298,7 @@ async def test_bad_work_is_rejected_and_the_agent_goes_on(
             await running.close()
     rejected = [e for e in logs if e["event"] == "node work rejected"]
     assert [e["subject"] for e in rejected] == [subject for subject, _ in bad]
-    assert running.agent.rejected == len(bad)
+    assert running.agent.work.rejected == len(bad)
     info = await js.consumer_info(cluster.layout.node_stream, work_consumer(cluster.node))
     assert info.num_redelivered == 0, "terminated, not left to come again"
     assert info.config.max_deliver == WORK_MAX_DELIVER

@@ -19,7 +19,7 @@ from events.jetstream.streams import ensure_all
 from events.language.messages import InterfacesObservation, NodeReport, Outcome, node_actor
 from events.language.query import Query, ask
 from events.language.subjects import Layout
-from nodeagent.agent import VMIRef
+from nodeagent.vmiref import VMIRef
 from projections.service import ReadService
 from tests.nodeagent.helpers import Cluster
 
