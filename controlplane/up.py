@@ -146,6 +146,23 @@ def fleet_args(opts: UpOptions, common: list[str]) -> list[str]:
             *(["--memory", str(opts.node_memory)] if opts.node_memory else [])]
 
 
+def _announce(opts: UpOptions, url: str, http_port: int, logs: Path, *, context: Path,
+              secured: Secured | None) -> None:
+    """Where everything listens, what security is on, and how to start."""
+    fleet = " (one fleet process)" if opts.uses_fleet else ""
+    security = (f"TLS, you are {OPERATOR_USER!r}, policy {secured.policy}, HTTP bearer "
+                f"tokens in {secured.http_tokens}" if secured
+                else "open: no TLS, no identities, every user may do everything")
+    print(f"virtbus is up\n  NATS:      {url} (prefix {opts.prefix})\n"
+          f"  security:  {security}\n"
+          f"  HTTP:      http://127.0.0.1:{http_port}/apis/kubevirt.io/v1/virtualmachines"
+          f" (and /metrics)\n"
+          f"  data:      {opts.data_dir}\n  logs:      {logs}/\n  context:   {context}\n"
+          f"  nodes:     {_listed(node_names(opts))}{fleet}\n"
+          "Try: virtbus apply -f examples/vm-cirros.yaml && virtbus get vm\n"
+          "Ctrl-C stops everything.", flush=True)
+
+
 def up(opts: UpOptions) -> int:
     opts.data_dir.mkdir(parents=True, exist_ok=True)
     logs = opts.data_dir / "logs"
@@ -174,18 +191,7 @@ def up(opts: UpOptions) -> int:
     path = write_context(Context(nats_url=url, prefix=opts.prefix, data_dir=str(opts.data_dir),
                                  credentials=secured.operator if secured else "",
                                  ca=secured.ca if secured else ""))
-    fleet = " (one fleet process)" if opts.uses_fleet else ""
-    security = (f"TLS, you are {OPERATOR_USER!r}, policy {secured.policy}, HTTP bearer "
-                f"tokens in {secured.http_tokens}" if secured
-                else "open: no TLS, no identities, every user may do everything")
-    print(f"virtbus is up\n  NATS:      {url} (prefix {opts.prefix})\n"
-          f"  security:  {security}\n"
-          f"  HTTP:      http://127.0.0.1:{http_port}/apis/kubevirt.io/v1/virtualmachines"
-          f" (and /metrics)\n"
-          f"  data:      {opts.data_dir}\n  logs:      {logs}/\n  context:   {path}\n"
-          f"  nodes:     {_listed(node_names(opts))}{fleet}\n"
-          "Try: virtbus apply -f examples/vm-cirros.yaml && virtbus get vm\n"
-          "Ctrl-C stops everything.", flush=True)
+    _announce(opts, url, http_port, logs, context=path, secured=secured)
     stopping = False
 
     def stop(_sig: int, _frame: object) -> None:

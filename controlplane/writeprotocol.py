@@ -64,13 +64,13 @@ from nats.aio.msg import Msg
 
 from controlplane.aggregate import Aggregate
 from controlplane.decision import (
-    HANDLERS,
     Decision,
     NotLoaded,
     NotScanned,
     Rejected,
     Verdict,
 )
+from controlplane.handlers import handler_for
 from controlplane.memory import Memory, Scan
 from events.api.errors import InvalidSpec
 from events.jetstream.datastore import (
@@ -307,7 +307,7 @@ class CommandHandler:
     async def _decide(self, command: Command, scans: dict[str, Scan], bound: Any,
                       fresh: bool = False) -> tuple[Decision, Verdict | None]:
         """Run the handler until it needs nothing the memory lacks; its verdict."""
-        handler = HANDLERS.get((command.kind, command.verb))
+        handler = handler_for(command.kind, command.verb)
         for _read in range(MAX_READS):
             decision = Decision(self.memory, command, scans)
             if handler is None:

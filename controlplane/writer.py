@@ -14,28 +14,11 @@ from collections.abc import AsyncIterator
 
 from nats.aio.client import Client
 
-import controlplane.drain.commands
-import controlplane.hco.commands
-import controlplane.instancetype.commands
-import controlplane.migration.commands
-import controlplane.node.commands
-import controlplane.preset.commands
-import controlplane.replicaset.commands
-import controlplane.vm.commands
-import controlplane.vmi.commands
-import controlplane.workloadupdate.commands
 from controlplane.decision import target_key
 from controlplane.writeprotocol import Announce, CommandHandler, Result, nobody
 from events.jetstream.datastore import EventLog
 from events.language.messages import Command
 from events.language.subjects import Layout
-
-HANDLER_MODULES = (controlplane.vm.commands, controlplane.vmi.commands,
-                   controlplane.node.commands, controlplane.hco.commands,
-                   controlplane.migration.commands, controlplane.drain.commands,
-                   controlplane.workloadupdate.commands, controlplane.instancetype.commands,
-                   controlplane.preset.commands, controlplane.replicaset.commands)
-"""Imported for their `@handles` registrations."""
 
 
 class Turns:

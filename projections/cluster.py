@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -14,38 +14,28 @@ from events.api.resources import DEFAULT_TUNING, ClusterTuning, vmi_resources
 from events.api.unsupported import NOT_HONOURED_CONDITION, NOT_HONOURED_REASON, inert_fields
 from events.api.vm import API_VERSION
 from events.language.codec import Event
-from events.language.kinds.migration import MIGRATION_KIND, WORKLOAD_UPDATE_KIND
 from events.language.kinds.nodes import NODE_KIND
 from events.language.kinds.replicaset import REPLICA_SET_KIND
 from events.language.kinds.vm import PAUSED_MESSAGES, VM_KIND, VMI_KIND
 from events.language.subjects import aggregate_id
-from projections.hco import HCO_VIEW_KINDS
-from projections.instancetype import INSTANCETYPE_VIEW_KINDS, revision_refs
-from projections.migratable import not_migratable
-from projections.migration import MigrationView, WorkloadUpdateView, render_migration_state
-from projections.replicaset import REPLICASET_VIEW_KINDS, PresetView, ReplicaSetView
-from projections.views import (
+from projections.kinds import FOLDS
+from projections.kinds.instancetype import revision_refs
+from projections.kinds.migration import MigrationView, render_migration_state
+from projections.kinds.replicaset import PresetView, ReplicaSetView
+from projections.kinds.vm import (
     RESTARTING_STRATEGIES,
     NodeView,
-    View,
     VirtualMachineInstanceView,
     VirtualMachineView,
-    iso,
-    object_meta,
 )
+from projections.migratable import not_migratable
+from projections.views import View, iso, object_meta
 
 V = TypeVar("V", bound=View)
 
-VIEW_KINDS: dict[str, type[View]] = {
-    VM_KIND: VirtualMachineView,
-    VMI_KIND: VirtualMachineInstanceView,
-    NODE_KIND: NodeView,
-    MIGRATION_KIND: MigrationView,
-    WORKLOAD_UPDATE_KIND: WorkloadUpdateView,
-    **HCO_VIEW_KINDS,
-    **INSTANCETYPE_VIEW_KINDS,
-    **REPLICASET_VIEW_KINDS,
-}
+VIEW_KINDS: Final = FOLDS
+"""Aggregate-id token -> the view that folds its events: every `View` subclass of
+`projections.kinds` names its tokens."""
 
 
 class ClusterState:
@@ -126,6 +116,14 @@ class ClusterState:
         for view_cls, views in list(self._by_class.items()):
             if issubclass(view_cls, cls):
                 yield from views  # type: ignore[misc]
+
+    def of_token(self, token: str) -> Iterator[View]:
+        """Every existing object whose aggregate carries `token` (one declared kind's),
+        without looking at the views of other classes."""
+        fold = VIEW_KINDS.get(token)
+        prefix = token + "."
+        return (view for view in self._all(fold) if view.id.startswith(prefix)) \
+            if fold is not None else iter(())
 
     def vms(self) -> Iterator[VirtualMachineView]:
         return self._all(VirtualMachineView)

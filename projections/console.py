@@ -26,7 +26,7 @@ from events.language.messages import NODE_ACTOR_PREFIX
 from events.language.query import ConsoleAnswer, ConsoleQuery
 from events.language.subjects import Layout, aggregate_id
 from projections.cluster import ClusterState
-from projections.views import VirtualMachineInstanceView
+from projections.kinds.vm import VirtualMachineInstanceView
 
 CONSOLE_PAGE: Final = 64
 """Console messages one answer holds: 512 KiB at most

@@ -10,8 +10,8 @@ from typing import Final
 from events.api import hco_defaults as d
 from projections.cluster import ClusterState
 from projections.hco import effective_kubevirt
+from projections.kinds.vm import VirtualMachineInstanceView
 from projections.migratable import not_migratable
-from projections.views import VirtualMachineInstanceView
 
 EVICTION_STRATEGIES: Final = ("LiveMigrate", "LiveMigrateIfPossible", "None", "External")
 

@@ -17,7 +17,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from projections.migration import MigrationView
+from projections.kinds.migration import MigrationView
 
 PHASE_GAUGES: Final = {
     "Pending": ("kubevirt_vmi_migrations_in_pending_phase",

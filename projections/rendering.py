@@ -6,8 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from events.api.kinds import kind_named
+from events.api.node import NODE
 from events.api.resources import ClusterTuning
 from events.language.query import Query
+from events.language.subjects import split_aggregate_id
 from projections import eviction_metrics, vm_metrics
 from projections.cluster import (
     ClusterState,
@@ -16,60 +19,50 @@ from projections.cluster import (
     render_vm,
     render_vmi,
 )
-from projections.hco import ALERTS_QUERY, HCO_KINDS, METRICS_QUERY, answer, cluster_tuning
+from projections.hco import ALERTS_QUERY, METRICS_QUERY, answer, cluster_tuning
 from projections.hco import render_view as render_hco_view
-from projections.instancetype import INSTANCETYPE_KINDS, ControllerRevisionView, InstancetypeView
-from projections.instancetype import of_kind as instancetype_objects
-from projections.instancetype import render as render_instancetype
-from projections.migration import MigrationView, render_migration
-from projections.replicaset import PresetView, ReplicaSetView, render_preset, render_replica_set
-from projections.views import NodeView, View, VirtualMachineInstanceView, VirtualMachineView
+from projections.kinds.migration import MigrationView, render_migration
+from projections.kinds.replicaset import (
+    ReplicaSetView,
+    render_replica_set,
+)
+from projections.kinds.vm import NodeView, VirtualMachineInstanceView, VirtualMachineView
+from projections.views import View
 
 
 def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
-    """The objects a query names, in KubeVirt's JSON shape, sorted by namespace and name."""
-    out: list[dict[str, Any]] = []
-    match query.kind:
-        case "VirtualMachine":
-            for vm in state.vms():
-                meta = vm.metadata
-                if _matches(query, meta.namespace, meta.name):
-                    out.append(render_vm(vm, state.vmi(meta.namespace, meta.name)))
-        case "VirtualMachineInstance":
-            for vmi in state.vmis():
-                meta = vmi.metadata
-                if _matches(query, meta.namespace, meta.name) and (
-                        not query.node or vmi.node == query.node):
-                    out.append(render_vmi(vmi, outdated=outdated_launcher(state, vmi)))
-        case "VirtualMachineInstanceMigration":
-            for migration in state.migrations():
-                meta = migration.metadata
-                if _matches(query, meta.namespace, meta.name):
-                    out.append(migration_object(state, migration))
-        case "Node":
-            tuning = cluster_tuning(state)
-            for node in state.nodes():
-                if not query.name or node.name == query.name:
-                    out.append(node_object(state, node, tuning))
-        case kind if kind in HCO_KINDS:
-            out = answer(state, kind, query.name, datetime.now(UTC))
-        case "VirtualMachineInstanceReplicaSet":
-            out = [replica_set_object(state, rs) for rs in state.replica_sets()
-                   if _matches(query, rs.metadata.namespace, rs.metadata.name)]
-        case "VirtualMachineInstancePreset":
-            out = [render_preset(p) for p in state.presets()
-                   if _matches(query, p.metadata.namespace, p.metadata.name)]
-        case kind if kind in INSTANCETYPE_KINDS:
-            out = [render_instancetype(view) for view in
-                   instancetype_objects(state.views.values(), kind)
-                   if _matches(query, view.metadata.namespace, view.metadata.name)]
-        case kind if kind == METRICS_QUERY:
-            [hco] = answer(state, kind, query.name, datetime.now(UTC))
-            return [{"text": hco["text"] + vm_metrics.exposition(state).decode()
-                     + eviction_metrics.exposition(state).decode()}]
-        case kind if kind == ALERTS_QUERY:
-            return answer(state, kind, query.name, datetime.now(UTC))
+    """The objects a query names, in KubeVirt's JSON shape, sorted by namespace and name:
+    every view of the kind's token that matches, rendered as `render_view` renders it."""
+    declared = kind_named(query.kind)
+    if query.kind == METRICS_QUERY:
+        [hco] = answer(state, query.kind, query.name, datetime.now(UTC))
+        return [{"text": hco["text"] + vm_metrics.exposition(state).decode()
+                 + eviction_metrics.exposition(state).decode()}]
+    if query.kind == ALERTS_QUERY:
+        return answer(state, query.kind, query.name, datetime.now(UTC))
+    if declared is None:
+        return []
+    if declared.one_per_cluster:
+        out = answer(state, query.kind, query.name, datetime.now(UTC))
+    elif query.kind == NODE.kind:  # the cluster's tuning worked out once for every node
+        tuning = cluster_tuning(state)
+        out = [node_object(state, node, tuning) for node in state.nodes()
+               if not query.name or node.name == query.name]
+    else:
+        out = [rendered for view in state.of_token(declared.token)
+               if _wanted(query, view) and (rendered := render_view(state, view)) is not None]
     return sorted(out, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+
+
+def _wanted(query: Query, view: View) -> bool:
+    """Whether a view of the query's kind is one it names (a node agent's query names its
+    node's VMIs only)."""
+    if query.namespace or query.name:
+        _, namespace, name = split_aggregate_id(view.id)
+        if query.namespace not in ("", namespace) or query.name not in ("", name):
+            return False
+    return not query.node or not isinstance(view, VirtualMachineInstanceView) \
+        or view.node == query.node
 
 
 def node_object(state: ClusterState, node: NodeView,
@@ -106,15 +99,6 @@ def render_view(state: ClusterState, view: View) -> dict[str, Any] | None:
             return node_object(state, view)
         case MigrationView():
             return migration_object(state, view)
-        case InstancetypeView() | ControllerRevisionView():
-            return render_instancetype(view)
         case ReplicaSetView():
             return replica_set_object(state, view)
-        case PresetView():
-            return render_preset(view)
-    return render_hco_view(state, view)
-
-
-def _matches(query: Query, namespace: str, name: str) -> bool:
-    return (not query.namespace or query.namespace == namespace) and (
-        not query.name or query.name == name)
+    return view.render() or render_hco_view(state, view)

@@ -46,7 +46,7 @@ from prometheus_client.registry import Collector
 from events.api.vm import VirtualMachineSpec
 from projections.cluster import ClusterState, render_vm
 from projections.hco import operand
-from projections.views import VirtualMachineInstanceView, VirtualMachineView
+from projections.kinds.vm import VirtualMachineInstanceView, VirtualMachineView
 
 VMI_INFO: Final = "kubevirt_vmi_info"
 VMI_PHASE_COUNT: Final = "kubevirt_vmi_phase_count"

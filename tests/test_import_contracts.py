@@ -1,79 +1,111 @@
-"""The design's direction of imports, enforced: `events` imports none of the others,
-`projections` and `nodeagent` only `events`, `controlplane` never `nodeagent`; the user's side
-(`controlplane.user`) none of the server's modules, and the server none of it."""
+"""The import contracts (`[tool.importlinter]` in pyproject.toml, which `./dev test` runs as
+`lint-imports`) hold on the tree, and break when an import crosses them: each plant below is
+made in a copy of the packages, where `lint-imports` must name the contract it breaks. A
+plant under `TYPE_CHECKING` counts like any import. The product imports modules by name
+(`importlib`) only to load every module of its own package (or every kind's home's
+`commands`), never across one."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("events", "projections", "controlplane", "nodeagent")
-ALLOWED = {
-    "events": {"events"},
-    "projections": {"events", "projections"},
-    "nodeagent": {"events", "nodeagent"},
-    "controlplane": {"events", "projections", "controlplane"},
-}
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
-IMPORT = re.compile(r"^\s*(?:from|import)\s+(\w+)", re.MULTILINE)
-"""An import statement's first module (absolute imports only; the project uses no others).
-
-A regex, not `ast`: CPython 3.11's parser can fail with "AST constructor recursion depth
-mismatch" when called deep inside a long test run."""
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, capture_output=True,
+                          text=True, timeout=120, check=False)
 
 
-CONTROLPLANE_MODULE = re.compile(r"^\s*(?:from|import)\s+(controlplane(?:\.\w+)*)", re.MULTILINE)
-USER_SIDE = "controlplane.user"
-USER_DIR = ROOT / "controlplane" / "user"
-SHARED_WITH_THE_USER = {"controlplane.defaults", "controlplane.context"}
-"""Constants and the context file that `virtbus up` writes and every other command reads."""
-STARTS_THE_SERVER = {"controlplane/user/actions.py": {"controlplane.up"}}
-"""`virtbus up` runs the control plane: the one command that imports it (when it runs)."""
+def test_the_tree_keeps_every_contract() -> None:
+    done = lint_imports(ROOT)
+    assert done.returncode == 0, done.stdout[-3000:]
 
 
-def imported_packages(path: Path) -> set[str]:
-    return {m for m in IMPORT.findall(path.read_text()) if m in PACKAGES}
+@pytest.fixture(scope="module")
+def copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The packages and the contracts, copied once: each plant edits one file and puts it
+    back."""
+    root = tmp_path_factory.mktemp("tree")
+    shutil.copy(ROOT / "pyproject.toml", root)
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, root / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return root
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_imports_follow_the_design(package: str) -> None:
-    offenders = {
-        str(path.relative_to(ROOT)): sorted(imported_packages(path) - ALLOWED[package])
-        for path in (ROOT / package).rglob("*.py")
-        if imported_packages(path) - ALLOWED[package]
+PLANTS = [
+    ("events/api/base.py", "import projections.views",
+     "The writers over the readers and the node agents, over the ground"),
+    ("nodeagent/defaults.py", "import projections.views",
+     "The writers over the readers and the node agents, over the ground"),
+    ("events/api/names.py", "import events.language.subjects",
+     "events: authorization over jetstream over language over api"),
+    ("events/language/kinds/vm.py", "import events.language.kinds.hco",
+     "Each kind's words stand alone"),
+    ("projections/kinds/vm.py", "import projections.kinds.hco",
+     "Each kind's read side needs no cluster state"),
+    ("projections/kinds/hco.py", "import projections.cluster",
+     "The folds and views read no cluster state"),
+    ("controlplane/user/cli.py", "import controlplane.intake",
+     "The user's side imports no server module"),
+    ("controlplane/intake.py", "import controlplane.user.client",
+     "The server imports nothing of the user's side"),
+    ("controlplane/defaults.py", "import controlplane.intake", "No import circle"),
+    ("events/api/names.py",
+     "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import events.api.kinds",
+     "No import circle"),
+]
+
+
+@pytest.mark.parametrize(("path", "plant", "contract"), PLANTS,
+                         ids=[f"{p}:{c.split()[0]}" for p, _, c in PLANTS])
+def test_an_import_across_a_contract_breaks_it(copy: Path, path: str, plant: str,
+                                               contract: str) -> None:
+    target = copy / path
+    original = target.read_text()
+    head, sep, rest = original.partition("from __future__ import annotations\n")
+    target.write_text(head + sep + plant + "\n" + rest)
+    try:
+        done = lint_imports(copy)
+    finally:
+        target.write_text(original)
+    broken = done.stdout.partition("Broken contracts")[2]
+    assert done.returncode != 0 and contract in broken, done.stdout[-3000:]
+
+
+def test_the_copy_keeps_every_contract_without_a_plant(copy: Path) -> None:
+    """The plants above are what breaks the copy, nothing else."""
+    assert lint_imports(copy).returncode == 0
+
+
+LOADER = re.compile(r"importlib\.import_module\((.*)\)$", re.MULTILINE)
+
+
+def test_modules_are_imported_by_name_only_within_their_own_package() -> None:
+    """`importlib` loads every module of one package (each kind's declarations, words and
+    read side), so nothing lists them; a name built from anything else would be an import no
+    contract sees."""
+    loaders: dict[str, list[str]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            calls = LOADER.findall(path.read_text())
+            if calls or "__import__(" in path.read_text():
+                loaders[str(path.relative_to(ROOT))] = calls
+    assert loaders == {
+        "controlplane/handlers.py": ['f"{__package__}.{package.name}.commands"'],
+        "events/api/kinds.py": ['f"{__package__}.{module.name}"'],
+        "events/language/kinds/__init__.py": ['f"{__name__}.{module.name}"'],
+        "projections/kinds/__init__.py": ['f"{__name__}.{module.name}"'],
     }
-    assert offenders == {}
-
-
-def controlplane_modules(path: Path) -> set[str]:
-    return set(CONTROLPLANE_MODULE.findall(path.read_text()))
-
-
-def test_the_user_side_imports_no_server_module() -> None:
-    offenders = {}
-    for path in USER_DIR.rglob("*.py"):
-        name = str(path.relative_to(ROOT))
-        allowed = SHARED_WITH_THE_USER | STARTS_THE_SERVER.get(name, set())
-        server = {m for m in controlplane_modules(path)
-                  if not m.startswith(USER_SIDE) and m not in allowed}
-        if server:
-            offenders[name] = sorted(server)
-    assert offenders == {}
-
-
-def test_the_server_imports_nothing_of_the_user_side() -> None:
-    offenders = {
-        str(path.relative_to(ROOT)): sorted(m for m in controlplane_modules(path)
-                                            if m.startswith(USER_SIDE))
-        for path in (ROOT / "controlplane").rglob("*.py")
-        if USER_DIR not in path.parents
-        and any(m.startswith(USER_SIDE) for m in controlplane_modules(path))
-    }
-    assert offenders == {}
 
 
 def test_every_package_is_typed() -> None:

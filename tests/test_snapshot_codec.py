@@ -14,8 +14,8 @@ import pytest
 
 from events.api.base import ObjectMeta
 from projections.cluster import ClusterState
+from projections.kinds.vm import NodeView, VirtualMachineInstanceView, VirtualMachineView
 from projections.snapshots import SnapshotRejected, decode_state, encode_state
-from projections.views import NodeView, VirtualMachineInstanceView, VirtualMachineView
 
 
 def _state() -> ClusterState:

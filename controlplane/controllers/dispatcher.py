@@ -81,8 +81,8 @@ from events.language.messages import MigrationOrder, NodeCommand, NodeVerb
 from events.language.subjects import Layout, split_aggregate_id
 from events.runtime.aio import unless_stopped
 from projections.cluster import ClusterState
-from projections.migration import MigrationView
-from projections.views import VirtualMachineInstanceView
+from projections.kinds.migration import MigrationView
+from projections.kinds.vm import VirtualMachineInstanceView
 
 log = structlog.get_logger(__name__)
 

@@ -31,8 +31,10 @@ from events.language.kinds.vm import VMI_KIND
 from events.language.messages import Command
 from events.language.subjects import split_aggregate_id
 from projections.cluster import ClusterState
-from projections.hco import HCO_VIEW_KINDS, cluster_tuning, effective_kubevirt
-from projections.views import NodeView, View, VirtualMachineInstanceView
+from projections.hco import cluster_tuning, effective_kubevirt
+from projections.kinds.hco import HCO_TOKENS
+from projections.kinds.vm import NodeView, VirtualMachineInstanceView
+from projections.views import View
 
 log = structlog.get_logger(__name__)
 
@@ -82,7 +84,7 @@ class Scheduler:
             if vmi is None or not vmi.active:  # what it held is free: others may fit now
                 return self._pass_all(state)
             return []
-        if kind == NODE_KIND or kind in HCO_VIEW_KINDS:
+        if kind == NODE_KIND or kind in HCO_TOKENS:
             return self._pass_all(state)
         return []
 
@@ -128,7 +130,7 @@ class Scheduler:
         elif isinstance(view, NodeView):
             if self._ledger is not None and not self._ledger.update_node(view):
                 self._ledger = None
-        elif split_aggregate_id(view.id)[0] in HCO_VIEW_KINDS:
+        elif split_aggregate_id(view.id)[0] in HCO_TOKENS:
             self._config = None
 
     def _pass(self, state: ClusterState, vmis: list[VirtualMachineInstanceView],

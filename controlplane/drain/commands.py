@@ -11,7 +11,7 @@ from controlplane.node.commands import existing_node
 from events.language.kinds.migration import VirtualMachineInstanceEvacuationRequested
 from events.language.kinds.nodes import NodeDrained, NodeDrainRequested
 from events.language.kinds.vm import VMI_KIND
-from projections.views import VirtualMachineInstanceView
+from projections.kinds.vm import VirtualMachineInstanceView
 
 
 class EvacuateBody(msgspec.Struct, frozen=True, kw_only=True):

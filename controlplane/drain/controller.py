@@ -35,9 +35,10 @@ from events.language.messages import Command
 from events.language.subjects import split_aggregate_id
 from projections.cluster import ClusterState
 from projections.eviction import eviction_strategy, migrating
-from projections.hco import HCO_VIEW_KINDS
+from projections.kinds.hco import HCO_TOKENS
+from projections.kinds.vm import NodeView, VirtualMachineInstanceView
 from projections.migratable import not_migratable
-from projections.views import NodeView, View, VirtualMachineInstanceView
+from projections.views import View
 
 NAME = "evacuation"
 class EvacuationController:
@@ -52,7 +53,7 @@ class EvacuationController:
 
     def on_event(self, state: ClusterState, event: Event) -> list[Command]:
         kind = split_aggregate_id(event.originator_id)[0]
-        if kind == NODE_KIND or kind in HCO_VIEW_KINDS or state is not self._state:
+        if kind == NODE_KIND or kind in HCO_TOKENS or state is not self._state:
             return self.resync(state)
         if kind in (VMI_KIND, MIGRATION_KIND) and self._evicting:
             return self.resync(state)

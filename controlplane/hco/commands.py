@@ -45,8 +45,9 @@ from events.language.kinds.hco import (
     operand_id,
 )
 from events.language.kinds.vm import VM_KIND, VirtualMachineDeleted
-from projections.hco import HyperConvergedView, OperandView
-from projections.views import VirtualMachineView, iso
+from projections.kinds.hco import HyperConvergedView, OperandView
+from projections.kinds.vm import VirtualMachineView
+from projections.views import iso
 
 KIND = d.KIND
 

@@ -39,7 +39,8 @@ from events.language.kinds.hco import (
 from events.language.kinds.nodes import NODE_KIND
 from events.language.messages import Command
 from projections.cluster import ClusterState
-from projections.hco import OperandView, hyperconverged
+from projections.hco import hyperconverged
+from projections.kinds.hco import OperandView
 
 NAME = "hco"
 _WATCHED: Final = frozenset({HCO_KIND, NODE_KIND, *OPERAND_TOKENS.values()})

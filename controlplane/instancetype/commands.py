@@ -24,7 +24,7 @@ from events.language.kinds.instancetype import (
     VirtualMachinePreferenceDeleted,
 )
 from events.language.subjects import aggregate_id
-from projections.instancetype import InstancetypeView
+from projections.kinds.instancetype import InstancetypeView
 
 Submitted = (VirtualMachineInstancetype | VirtualMachineClusterInstancetype
              | VirtualMachinePreference | VirtualMachineClusterPreference)

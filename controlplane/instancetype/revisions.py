@@ -44,8 +44,8 @@ from events.language.kinds.instancetype import (
 )
 from events.language.subjects import aggregate_id
 from projections.cluster import ClusterState
-from projections.instancetype import ControllerRevisionView, InstancetypeView
-from projections.views import VirtualMachineView
+from projections.kinds.instancetype import ControllerRevisionView, InstancetypeView
+from projections.kinds.vm import VirtualMachineView
 
 TEMPLATE_PATH: Final = "spec.template.spec"
 

@@ -54,9 +54,9 @@ from events.language.kinds.migration import (
 from events.language.kinds.vm import VM_KIND, VMI_KIND
 from events.language.messages import MigrationObservation, MigrationOrder, node_actor
 from events.language.subjects import aggregate_id
+from projections.kinds.migration import MigrationView
+from projections.kinds.vm import VirtualMachineInstanceView, VirtualMachineView
 from projections.migratable import migration_data_bytes, not_migratable
-from projections.migration import MigrationView
-from projections.views import VirtualMachineInstanceView, VirtualMachineView
 
 VIRTCTL_NAME_PREFIX: Final = "kubevirt-migrate-vm-"
 """virtctl's generateName for the migration `migrate` creates."""

@@ -39,8 +39,9 @@ from events.language.kinds.vm import VMI_KIND
 from events.language.messages import Command
 from events.language.subjects import split_aggregate_id
 from projections.cluster import ClusterState
-from projections.hco import HCO_VIEW_KINDS, cluster_tuning
-from projections.migration import MigrationView
+from projections.hco import cluster_tuning
+from projections.kinds.hco import HCO_TOKENS
+from projections.kinds.migration import MigrationView
 
 NAME = "migration"
 
@@ -61,7 +62,7 @@ class MigrationController:
 
     def on_event(self, state: ClusterState, event: Event) -> list[Command]:
         kind = split_aggregate_id(event.originator_id)[0]
-        if kind in (MIGRATION_KIND, VMI_KIND, NODE_KIND) or kind in HCO_VIEW_KINDS:
+        if kind in (MIGRATION_KIND, VMI_KIND, NODE_KIND) or kind in HCO_TOKENS:
             return self.resync(state)
         return []
 

@@ -26,7 +26,7 @@ from events.language.kinds.nodes import (
     NodeUncordoned,
 )
 from events.language.subjects import aggregate_id
-from projections.views import NodeView
+from projections.kinds.vm import NodeView
 
 KIND = "Node"
 

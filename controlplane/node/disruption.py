@@ -46,7 +46,7 @@ from events.api.scheduling import (
     LABEL_TOPOLOGY_REGION,
     LABEL_TOPOLOGY_ZONE,
 )
-from projections.views import NodeView
+from projections.kinds.vm import NodeView
 
 log = structlog.get_logger(__name__)
 

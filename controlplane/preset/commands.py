@@ -35,7 +35,7 @@ from events.language.kinds.preset import (
     VirtualMachineInstancePresetApplied,
     VirtualMachineInstancePresetDeleted,
 )
-from projections.replicaset import PresetView
+from projections.kinds.replicaset import PresetView
 
 log = structlog.get_logger(__name__)
 

@@ -36,8 +36,8 @@ from events.language.kinds.vm import (
     VirtualMachineInstanceReleased,
 )
 from events.language.subjects import aggregate_id
-from projections.replicaset import ReplicaSetView
-from projections.views import VirtualMachineInstanceView
+from projections.kinds.replicaset import ReplicaSetView
+from projections.kinds.vm import VirtualMachineInstanceView
 
 
 class ReplicaBody(msgspec.Struct, frozen=True, kw_only=True):

@@ -56,8 +56,8 @@ from events.language.messages import Command
 from events.language.subjects import split_aggregate_id
 from projections.cluster import STARTING_PHASES, ClusterState
 from projections.hco import operand
-from projections.replicaset import ReplicaSetView
-from projections.views import VirtualMachineInstanceView
+from projections.kinds.replicaset import ReplicaSetView
+from projections.kinds.vm import VirtualMachineInstanceView
 
 NAME = "replicaset"
 _KUBEVIRT: Final = OPERAND_TOKENS["KubeVirt"]

@@ -31,7 +31,7 @@ from events.api.scheduling import (
 )
 from events.api.vm import VirtualMachineInstanceSpec
 from events.api.vmi_defaults import cpu_features
-from projections.views import NodeView, VirtualMachineInstanceView
+from projections.kinds.vm import NodeView, VirtualMachineInstanceView
 
 CPU_MODEL_HOST_MODEL = "host-model"
 CPU_MODEL_HOST_PASSTHROUGH = "host-passthrough"

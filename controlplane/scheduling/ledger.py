@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from controlplane.scheduling.facts import Demand, NodeFacts, PodOnNode, Usage
 from events.api.resources import ClusterTuning, VMIResources, vmi_resources
 from events.api.vm import VirtualMachineInstanceSpec
-from projections.views import NodeView, VirtualMachineInstanceView
+from projections.kinds.vm import NodeView, VirtualMachineInstanceView
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,35 @@ def parser() -> argparse.ArgumentParser:
                             "ca": None, "cert": None, "key": None})
     sub = p.add_subparsers(dest="command", required=True)
 
+    _up(sub)
+    _writers(sub)
+    _readers(sub)
+    _cluster_configuration(sub)
+    _watchers(sub)
+
+    c = sub.add_parser("console", help="a VMI's serial console output (read-only)")
+    c.add_argument("name")
+    c.add_argument("-f", "--follow", action="store_true",
+                   help="go on printing what the guest writes until the VMI is finished")
+    _namespace(c)
+    c.set_defaults(run="console")
+
+    _local(sub)
+    unset = dict.fromkeys(("nats_url", "prefix", "actor", "credentials", "ca", "cert", "key"),
+                          argparse.SUPPRESS)
+    for command in sub.choices.values():
+        _connection_options(command, unset)  # given after the command, they win
+    return p
+
+Subparsers = Any
+
+
+def _namespace(q: argparse.ArgumentParser) -> None:
+    q.add_argument("-n", "--namespace", default="default")
+
+
+def _up(sub: Subparsers) -> None:
+    """`virtbus up` and its options."""
     u = sub.add_parser("up", help="run everything on this machine")
     u.add_argument("--data-dir", type=Path, default=Path(".virtbus"))
     u.add_argument("--nodes", type=int, default=2)
@@ -84,18 +113,9 @@ def parser() -> argparse.ArgumentParser:
                    help="memory of each simulated node (a fleet; default: the test driver's "
                         "3Gi)")
 
-    _writers(sub)
-    _readers(sub)
-    _cluster_configuration(sub)
-    _watchers(sub)
 
-    c = sub.add_parser("console", help="a VMI's serial console output (read-only)")
-    c.add_argument("name")
-    c.add_argument("-f", "--follow", action="store_true",
-                   help="go on printing what the guest writes until the VMI is finished")
-    _namespace(c)
-    c.set_defaults(run="console")
-
+def _local(sub: Subparsers) -> None:
+    """What acts on this host or a simulated one: `domxml`, `node`, `sim`."""
     x = sub.add_parser("domxml", help="print the libvirt domain XML of a VM/VMI manifest")
     x.add_argument("-f", "--filename", action="append", required=True)
     x.add_argument("--domain-type", default="kvm", choices=["kvm", "qemu", "test"])
@@ -116,18 +136,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("target", help="the VMI (guest-*) or the node (agent-*)")
     _namespace(s)
     s.set_defaults(run="sim")
-    unset = dict.fromkeys(("nats_url", "prefix", "actor", "credentials", "ca", "cert", "key"),
-                          argparse.SUPPRESS)
-    for command in sub.choices.values():
-        _connection_options(command, unset)  # given after the command, they win
-    return p
 
-
-Subparsers = Any
-
-
-def _namespace(q: argparse.ArgumentParser) -> None:
-    q.add_argument("-n", "--namespace", default="default")
 
 
 def _writers(sub: Subparsers) -> None:

@@ -70,7 +70,7 @@ from events.language.subjects import DEFAULT_PREFIX, Layout, encode_token
 from projections.cluster import ClusterState
 from projections.eviction import DrainProgress, drain_progress
 from projections.follower import first_outcome, follow
-from projections.views import TERMINAL_PHASES
+from projections.kinds.vm import TERMINAL_PHASES
 
 __all__ = ["Change", "Client", "CommandRejected", "HistoryEntry"]
 

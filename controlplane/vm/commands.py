@@ -54,7 +54,7 @@ from events.language.kinds.vm import (
 )
 from events.language.subjects import aggregate_id
 from projections.cluster import pending_state_changes
-from projections.views import (
+from projections.kinds.vm import (
     RESTARTING_STRATEGIES,
     VirtualMachineInstanceView,
     VirtualMachineView,

@@ -47,7 +47,7 @@ from events.language.messages import Command
 from events.language.subjects import aggregate_id, split_aggregate_id
 from projections.cluster import ClusterState
 from projections.hco import operand
-from projections.views import (
+from projections.kinds.vm import (
     RESTARTING_STRATEGIES,
     VirtualMachineInstanceView,
     VirtualMachineView,

@@ -49,8 +49,8 @@ from events.language.kinds.vm import (
 )
 from events.language.messages import DomainObservation, InterfacesObservation, node_actor
 from events.language.subjects import aggregate_id
-from projections.replicaset import PresetView
-from projections.views import (
+from projections.kinds.replicaset import PresetView
+from projections.kinds.vm import (
     TERMINAL_PHASES,
     NodeView,
     VirtualMachineInstanceView,

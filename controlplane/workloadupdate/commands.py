@@ -15,8 +15,8 @@ from events.language.codec import now
 from events.language.kinds.migration import WORKLOAD_UPDATE_KIND, WorkloadEvictionBatch
 from events.language.kinds.vm import VMI_KIND
 from events.language.subjects import aggregate_id
-from projections.migration import WorkloadUpdateView
-from projections.views import VirtualMachineInstanceView
+from projections.kinds.migration import WorkloadUpdateView
+from projections.kinds.vm import VirtualMachineInstanceView
 
 KIND: Final = "WorkloadUpdate"
 UPDATER_ID: Final = aggregate_id(WORKLOAD_UPDATE_KIND, "", "cluster")

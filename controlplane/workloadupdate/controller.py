@@ -29,10 +29,10 @@ from events.language.messages import Command
 from events.language.subjects import split_aggregate_id
 from projections.cluster import ClusterState, outdated_launcher
 from projections.eviction import migrating
-from projections.hco import HCO_VIEW_KINDS
+from projections.kinds.hco import HCO_TOKENS
+from projections.kinds.migration import MigrationView, WorkloadUpdateView
+from projections.kinds.vm import VirtualMachineInstanceView
 from projections.migratable import not_migratable
-from projections.migration import MigrationView, WorkloadUpdateView
-from projections.views import VirtualMachineInstanceView
 
 NAME = "workload-updater"
 
@@ -49,7 +49,7 @@ class WorkloadUpdater:
         """A node's new agent version or a new strategy concerns every VMI; a VMI's or its
         migration's change, that VMI only."""
         kind, namespace, name = split_aggregate_id(event.originator_id)
-        if kind == NODE_KIND or kind in HCO_VIEW_KINDS:
+        if kind == NODE_KIND or kind in HCO_TOKENS:
             return self.resync(state)
         if kind == MIGRATION_KIND:
             migration = state.views.get(event.originator_id)

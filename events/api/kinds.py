@@ -16,6 +16,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final, Literal
 
 from events.api.base import ApiStruct
@@ -138,8 +139,8 @@ def _kinds() -> dict[str, Kind]:
     global _loaded  # noqa: PLW0603 (loaded once per process)
     if not _loaded:
         _loaded = True
-        for module in pkgutil.iter_modules(importlib.import_module("events.api").__path__):
-            importlib.import_module(f"events.api.{module.name}")
+        for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
+            importlib.import_module(f"{__package__}.{module.name}")
     return _KINDS
 
 

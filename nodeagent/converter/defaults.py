@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from events.api.validation import LUN_BUSES
+from events.api.spec_rules import LUN_BUSES
 
 ARCH: Final = "x86_64"
 MACHINE_TYPE: Final = "q35"

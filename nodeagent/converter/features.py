@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from events.api.domain import Features
-from events.api.validation import HYPERV_REQUIRES
+from events.api.spec_rules import HYPERV_REQUIRES
 from events.api.vmi_defaults import spinlock_retries
 from nodeagent.converter.xmltree import on_off, sub
 

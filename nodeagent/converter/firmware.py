@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from events.api.validation import START_PAUSED
+from events.api.spec_rules import START_PAUSED
 from nodeagent.converter import defaults
 from nodeagent.converter.xmltree import child, sub, yes_no
 

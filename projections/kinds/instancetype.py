@@ -3,7 +3,6 @@ KubeVirt (and `apps/v1`) show them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 import msgspec
@@ -34,11 +33,10 @@ from events.language.kinds.instancetype import (
 from projections.views import View, object_meta
 
 REVISION_API_VERSION: Final = "apps/v1"
-INSTANCETYPE_KINDS: Final = (*KIND_TOKENS, REVISION_KIND)
 """The kinds the read side serves from here."""
 
 
-class InstancetypeView(View):
+class InstancetypeView(View, tokens=KIND_TOKENS.values()):
     """Any of the four kinds: the spec is an instancetype's or a preference's."""
 
     def __init__(self, aggregate_id: str) -> None:
@@ -74,8 +72,11 @@ class InstancetypeView(View):
         return {"apiVersion": self.api_version, "kind": self.kind, "metadata": meta,
                 "spec": msgspec.to_builtins(self.spec)}
 
+    def render(self) -> dict[str, Any]:
+        return render_instancetype(self)
 
-class ControllerRevisionView(View):
+
+class ControllerRevisionView(View, tokens=(REVISION_TOKEN,)):
     def __init__(self, aggregate_id: str) -> None:
         super().__init__(aggregate_id)
         self.metadata = ObjectMeta()
@@ -92,11 +93,8 @@ class ControllerRevisionView(View):
             case ControllerRevisionDeleted():
                 self.exists = False
 
-
-INSTANCETYPE_VIEW_KINDS: Final[dict[str, type[View]]] = {
-    **{token: InstancetypeView for token in KIND_TOKENS.values()},
-    REVISION_TOKEN: ControllerRevisionView,
-}
+    def render(self) -> dict[str, Any]:
+        return render_revision(self)
 
 
 def render_instancetype(view: InstancetypeView) -> dict[str, Any]:
@@ -129,22 +127,3 @@ def revision_refs(spec: VirtualMachineSpec) -> dict[str, Any]:
             out[field] = {"kind": matcher.kind or default, "name": matcher.name,
                           "controllerRevisionRef": {"name": matcher.revision_name}}
     return out
-
-
-Served = InstancetypeView | ControllerRevisionView
-
-
-def of_kind(views: Iterable[View], kind: str) -> Iterator[Served]:
-    """The existing objects of one of the four kinds, or ControllerRevisions."""
-    for view in views:
-        match view:
-            case InstancetypeView() if view.exists and view.kind == kind:
-                yield view
-            case ControllerRevisionView() if view.exists and kind == REVISION_KIND:
-                yield view
-
-
-def render(view: Served) -> dict[str, Any]:
-    if isinstance(view, InstancetypeView):
-        return render_instancetype(view)
-    return render_revision(view)

@@ -10,6 +10,8 @@ from events.api.base import ObjectMeta
 from events.api.vm import API_VERSION
 from events.language.codec import Event
 from events.language.kinds.migration import (
+    MIGRATION_KIND,
+    WORKLOAD_UPDATE_KIND,
     MigrationAbortRequested,
     MigrationCreated,
     MigrationDeleted,
@@ -21,7 +23,8 @@ from events.language.kinds.migration import (
     WorkloadEvictionBatch,
 )
 from events.language.messages import MigrationOrder
-from projections.views import MigrationState, View, iso, object_meta
+from projections.kinds.vm import MigrationState
+from projections.views import View, iso, object_meta
 
 FINISHED_PHASES: Final = frozenset({"Succeeded", "Failed"})
 RUNNING_PHASES: Final = frozenset({"Scheduling", "Scheduled", "PreparingTarget", "TargetReady",
@@ -29,7 +32,7 @@ RUNNING_PHASES: Final = frozenset({"Scheduling", "Scheduled", "PreparingTarget",
 """Admitted and not finished: what counts against the parallel-migration limits."""
 
 
-class MigrationView(View):
+class MigrationView(View, tokens=(MIGRATION_KIND,)):
     def __init__(self, aggregate_id: str) -> None:
         super().__init__(aggregate_id)
         self.uid = ""
@@ -92,7 +95,7 @@ class MigrationView(View):
         self.transitions = [*self.transitions, (phase, at)]
 
 
-class WorkloadUpdateView(View):
+class WorkloadUpdateView(View, tokens=(WORKLOAD_UPDATE_KIND,)):
     """The workload updater's eviction batches: when each was, and what it evicted."""
 
     def __init__(self, aggregate_id: str) -> None:

@@ -34,7 +34,8 @@ from events.language.kinds.replicaset import (
     ReplicaSetReplicaFailureCleared,
     ReplicaSetScaled,
 )
-from projections.views import View, VirtualMachineInstanceView, iso, object_meta
+from projections.kinds.vm import VirtualMachineInstanceView
+from projections.views import View, iso, object_meta
 
 PAUSED_CONDITION: Final = "ReplicaPaused"
 FAILURE_CONDITION: Final = "ReplicaFailure"
@@ -42,7 +43,7 @@ PAUSED_MESSAGE: Final = "Controller got paused"
 """KubeVirt's `checkPaused` wording."""
 
 
-class PresetView(View):
+class PresetView(View, tokens=(PRESET_KIND,)):
     def __init__(self, aggregate_id: str) -> None:
         super().__init__(aggregate_id)
         self.uid = ""
@@ -61,6 +62,9 @@ class PresetView(View):
             case VirtualMachineInstancePresetDeleted():
                 self.exists = False
 
+    def render(self) -> dict[str, Any]:
+        return render_preset(self)
+
 
 class ReplicaFailure(msgspec.Struct, frozen=True, kw_only=True):
     reason: FailureReason
@@ -68,7 +72,7 @@ class ReplicaFailure(msgspec.Struct, frozen=True, kw_only=True):
     since: datetime
 
 
-class ReplicaSetView(View):
+class ReplicaSetView(View, tokens=(REPLICA_SET_KIND,)):
     def __init__(self, aggregate_id: str) -> None:
         super().__init__(aggregate_id)
         self.uid = ""
@@ -104,11 +108,6 @@ class ReplicaSetView(View):
                 self.exists = False
 
 
-REPLICASET_VIEW_KINDS: Final[dict[str, type[View]]] = {
-    PRESET_KIND: PresetView,
-    REPLICA_SET_KIND: ReplicaSetView,
-}
-REPLICASET_KINDS: Final = (PRESET, REPLICA_SET)
 """The kinds the read side serves from here."""
 
 

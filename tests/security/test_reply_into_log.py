@@ -20,7 +20,7 @@ import pytest
 from nats.aio.client import Client as Nats
 from nats.js.api import StreamInfo
 
-import controlplane.writer  # noqa: F401  (registers the command handlers)
+import controlplane.handlers  # noqa: F401  (registers the command handlers)
 from controlplane.writeprotocol import CommandHandler
 from events.jetstream.connect import connect
 from events.jetstream.datastore import TOPIC_HEADER, VERSION_HEADER, EventLog, JetStreamDatastore
@@ -36,8 +36,8 @@ from projections.cluster import ClusterState
 from projections.follower import MISPLACED, NO_TOPIC, follow, read_event
 from projections.hco import METRICS_QUERY
 from projections.http import respond
+from projections.kinds.vm import VirtualMachineView
 from projections.service import NOT_AN_INBOX, QUERIES_REFUSED, ReadService
-from projections.views import VirtualMachineView
 from tests.security.conftest import connect_as, serve_config
 from tests.system.harness import vm_manifest
 

@@ -7,7 +7,6 @@ import asyncio
 import uuid
 from typing import Any
 
-import controlplane.writer  # noqa: F401  (registers the command handlers)
 from controlplane.writeprotocol import CommandHandler, Result
 from events.jetstream.bridge import NatsBridge
 from events.jetstream.datastore import EventLog, JetStreamDatastore

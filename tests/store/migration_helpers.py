@@ -13,8 +13,8 @@ from controlplane.drain.controller import EvacuationController
 from controlplane.migration.controller import MigrationController
 from events.language.messages import Command, DomainObservation, MigrationObservation, node_actor
 from projections.cluster import render_vmi
-from projections.migration import MigrationView
-from projections.views import VirtualMachineInstanceView
+from projections.kinds.migration import MigrationView
+from projections.kinds.vm import VirtualMachineInstanceView
 from tests.store.helpers import SyncHandler, run
 from tests.store.scheduling_helpers import SMALL, Cluster
 

@@ -16,7 +16,7 @@ from controlplane.writer import Writer
 from events.jetstream.connect import connect
 from events.language.messages import Command, DomainObservation, node_actor
 from events.language.subjects import Layout
-from projections.views import VirtualMachineInstanceView, VirtualMachineView
+from projections.kinds.vm import VirtualMachineInstanceView, VirtualMachineView
 from tests.store.helpers import SyncHandler, register_command
 from tests.system.harness import eventually, vm_manifest
 

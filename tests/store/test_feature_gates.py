@@ -26,7 +26,8 @@ from events.api.vm import VirtualMachineInstanceSpec
 from events.language.codec import Event, decode
 from events.language.messages import Command
 from projections.cluster import ClusterState
-from projections.hco import OperandView, effective_kubevirt
+from projections.hco import effective_kubevirt
+from projections.kinds.hco import OperandView
 from tests.store.helpers import SyncHandler, run
 
 

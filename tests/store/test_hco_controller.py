@@ -11,7 +11,8 @@ from controlplane.hco.controller import HCOController
 from events.api import hco_defaults as d
 from events.language.messages import Command
 from projections.cluster import ClusterState
-from projections.hco import OperandView, hyperconverged
+from projections.hco import hyperconverged
+from projections.kinds.hco import OperandView
 from tests.store.helpers import SyncHandler, run, run_accepted
 
 

@@ -20,7 +20,7 @@ from events.jetstream.streams import ensure_all
 from events.language.kinds.nodes import NODE_KIND
 from events.language.subjects import Layout, aggregate_id, encode_token
 from projections.cluster import ClusterState
-from projections.views import NodeView
+from projections.kinds.vm import NodeView
 from tests.system.harness import eventually
 
 GRACE_SECONDS = 1.0

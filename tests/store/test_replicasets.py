@@ -19,8 +19,8 @@ from events.language.query import Query
 from events.language.subjects import Layout
 from projections.cluster import ClusterState
 from projections.http import respond
+from projections.kinds.vm import VirtualMachineInstanceView
 from projections.rendering import render
-from projections.views import VirtualMachineInstanceView
 from tests.store.helpers import SyncHandler, replayed, run, run_accepted
 from tests.store.scheduling_helpers import Cluster
 from tests.store.test_feature_gates import apply

@@ -19,7 +19,7 @@ from controlplane.vm.controller import VMController
 from events.language.messages import Command, DomainObservation, node_actor
 from events.language.subjects import Layout
 from projections.cluster import ClusterState, printable_status, render_vm
-from projections.views import MigrationState
+from projections.kinds.vm import MigrationState
 from tests.store.helpers import SyncHandler, register_command, replayed, run, run_accepted
 from tests.system.harness import vm_manifest
 

@@ -60,10 +60,11 @@ from projections.follower import (
     UNKNOWN_TYPE,
     read_event,
 )
-from projections.hco import METRICS_QUERY, HyperConvergedView, OperandView, metrics
+from projections.hco import METRICS_QUERY, metrics
 from projections.hco_metrics import EVENTS_SKIPPED
 from projections.http import respond
-from projections.views import VirtualMachineInstanceView
+from projections.kinds.hco import HyperConvergedView, OperandView
+from projections.kinds.vm import VirtualMachineInstanceView
 
 NODE = aggregate_id(NODE_KIND, "", "n1")
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

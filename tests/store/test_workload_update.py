@@ -12,7 +12,7 @@ from controlplane.workloadupdate.controller import WorkloadUpdater
 from events.language.messages import Command
 from events.language.query import Query
 from projections.cluster import OUTDATED_LAUNCHER_LABEL
-from projections.migration import WorkloadUpdateView
+from projections.kinds.migration import WorkloadUpdateView
 from projections.rendering import render
 from tests.store.helpers import SyncHandler, node_info, run
 from tests.store.migration_helpers import MigratingCluster

@@ -34,7 +34,7 @@ from events.language.messages import Command, Outcome
 from events.language.subjects import Layout
 from projections.cluster import ClusterState
 from projections.follower import read_event
-from projections.views import VirtualMachineView
+from projections.kinds.vm import VirtualMachineView
 from tests.system.harness import vm_manifest
 
 WINDOW = 0.1

@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
-import controlplane.writer  # noqa: F401  (registers every handler in HANDLERS)
+import controlplane.handlers  # noqa: F401  (registers every handler in HANDLERS)
 from controlplane.decision import HANDLERS
 from controlplane.user.client import Client
 from controlplane.writeprotocol import marker_id

@@ -18,7 +18,7 @@ from events.jetstream.directget import read_all
 from events.language.kinds.migration import MigrationPhaseChanged
 from projections.eviction import DrainProgress
 from projections.follower import read_event
-from projections.migration import RUNNING_PHASES
+from projections.kinds.migration import RUNNING_PHASES
 from tests.system.harness import (
     WAIT_SECONDS,
     System,

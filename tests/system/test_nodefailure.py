@@ -24,7 +24,7 @@ from events.language.kinds.vm import NODE_UNRESPONSIVE
 from events.language.messages import Command
 from events.language.subjects import aggregate_id
 from projections.cluster import ClusterState
-from projections.views import NodeView
+from projections.kinds.vm import NodeView
 from tests.system.harness import (
     System,
     eventually,

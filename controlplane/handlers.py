@@ -1,0 +1,28 @@
+"""Which handler decides a command: the one its kind's home registered (`@handles` in
+`controlplane/<kind>/commands.py`), else, for a kind declared with nothing of its own, the
+generic one (`controlplane.objects`).
+
+Importing this module imports the `commands` module of every package of the control plane,
+so every kind's handlers are registered with nothing listing them."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+from types import ModuleType
+from typing import Final
+
+from controlplane.decision import HANDLERS, Handler
+from controlplane.objects.commands import generic_handler
+
+MODULES: Final[tuple[ModuleType, ...]] = tuple(
+    importlib.import_module(f"{__package__}.{package.name}.commands")
+    for package in pkgutil.iter_modules([str(Path(__file__).parent)])
+    if package.ispkg and (Path(__file__).parent / package.name / "commands.py").exists())
+"""Every kind's home's `commands` module, in name order."""
+
+
+def handler_for(kind: str, verb: str) -> Handler | None:
+    """The handler of `verb` for `kind`, or None: the command is refused."""
+    return HANDLERS.get((kind, verb)) or generic_handler(kind, verb)
