@@ -5,6 +5,7 @@ own parser (`controlplane.user.cli.parser`, which imports none of what commands 
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import shlex
 from pathlib import Path
@@ -202,3 +203,41 @@ def test_the_tour_check_finds_what_it_should() -> None:
         "virtbus --as user:x pause vm1; virtbus get vm  # a comment")] == ["pause", "get"]
     block = ["```console", "$ virtbus frobnicate x", "out", "```", "$ virtbus not-a-block"]
     assert console_commands(block) == ["virtbus frobnicate x"]
+
+
+CODE_NAME = re.compile(
+    r"`((?:events|projections|controlplane|nodeagent)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+"""A dotted name of the code in backticks: a module, or an attribute of one."""
+
+
+def missing_code_names(text: str) -> list[str]:
+    """The dotted names `text` gives that the code does not have (a module moved, a function
+    renamed since the docs were written)."""
+    missing = []
+    for dotted in sorted(set(CODE_NAME.findall(text))):
+        parts = dotted.split(".")
+        for split in range(len(parts), 0, -1):
+            try:
+                found: object = importlib.import_module(".".join(parts[:split]))
+            except ImportError:
+                continue
+            for attribute in parts[split:]:
+                found = getattr(found, attribute, None)
+            if found is None:
+                missing.append(dotted)
+            break
+        else:
+            missing.append(dotted)
+    return missing
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: p.name)
+def test_every_name_of_the_code_a_doc_gives_exists(path: Path) -> None:
+    assert missing_code_names(path.read_text()) == []
+
+
+def test_the_name_check_finds_what_it_should() -> None:
+    assert missing_code_names("`events.language.codec.decode`, `projections.views.View`") == []
+    assert missing_code_names("`controlplane.handling.Decision`, `events.codec`, "
+                              "`projections.hco.HCO_VIEW_KINDS`") == [
+        "controlplane.handling.Decision", "events.codec", "projections.hco.HCO_VIEW_KINDS"]

@@ -57,7 +57,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     marker_follows: bool = False
     """Stored alone, before its command's outcome marker (the writer's plain-publish path):
     until that marker is in the log, the command is settled by this event (see
-    `controlplane.handling`). False for every event of an atomic batch, and for old events."""
+    `controlplane.writeprotocol`). False for every event of an atomic batch, and for old events."""
 
     @property
     def id(self) -> str:

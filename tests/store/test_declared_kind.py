@@ -1,29 +1,33 @@
 """A kind declared here, in this file alone (its schema and one `declare`), and nowhere else:
 `apply` admits it and the control plane decides it on the real store, the log's events
 decode, the policy decides it as a resource of its group, the read model folds it, a query
-renders it, the CLI lists it with its columns and names, and the read API routes its paths.
-No other file of the tree knows it."""
+(and the read service, over NATS) renders it, the CLI lists it with its columns and names,
+and the read API routes its paths. No other file of the tree knows it."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from typing import Any, Final, Literal
 
 import msgspec
 import pytest
+from nats.errors import NoRespondersError
 
 from controlplane.user.actions import printed_rows
 from events.api.base import ApiStruct, ObjectMeta
 from events.api.kinds import AGE, NAME, Column, Kind, declare, forget, resolve
 from events.authorization.policy import Request, command_request, parse_policy
+from events.jetstream.connect import connect
 from events.language.messages import Command
-from events.language.query import Query
+from events.language.query import Answer, Query, query_subject
 from events.language.subjects import Layout
 from projections.http import route
 from projections.kinds import FOLDS, fold_of
 from projections.kinds.objects import ObjectView
 from projections.rendering import render
+from projections.service import ReadService
 from tests.store.helpers import SyncHandler, replayed
 
 GROUP: Final = "example.virtbus.io"
@@ -100,6 +104,33 @@ def test_a_kind_declared_once_is_decided_decoded_folded_rendered_and_listed(
     deleted = handler.execute(command("delete", "g1")).outcome
     assert deleted.accepted
     assert render(replayed(handler, Layout(prefix)), Query(kind="Gadget")) == []
+
+
+async def test_the_read_service_answers_a_query_of_a_declared_kind(
+        handler: SyncHandler, nats_url: str, prefix: str) -> None:
+    created = await asyncio.to_thread(handler.execute,
+                                      command("apply", "g1", gadget("g1", size=2)))
+    layout = Layout(prefix)
+    nc = await connect(nats_url, "test-declared-kind")
+    stop = asyncio.Event()
+    reads = asyncio.ensure_future(ReadService(nc, layout).run(stop))
+    query = Query(kind="Gadget", namespace="team", after=created.outcome.sequences[0])
+    try:
+        async with asyncio.timeout(10):
+            while True:  # until the read service listens
+                try:
+                    reply = await nc.request(query_subject(layout, "user:dana"),
+                                             msgspec.msgpack.encode(query), timeout=5)
+                    break
+                except NoRespondersError:
+                    await asyncio.sleep(0.05)
+        answer = msgspec.msgpack.decode(reply.data, type=Answer)
+        assert [(o["metadata"]["name"], o["spec"]) for o in answer.items] == [
+            ("g1", {"size": 2})]
+    finally:
+        stop.set()
+        await reads
+        await nc.close()
 
 
 def test_a_kind_declared_once_is_authorized_as_a_resource_of_its_group() -> None:
