@@ -55,6 +55,8 @@ PLANTS = [
      "Each kind's read side needs no cluster state"),
     ("projections/kinds/hco.py", "import projections.cluster",
      "The folds and views read no cluster state"),
+    ("controlplane/preset/commands.py", "import controlplane.replicaset.commands",
+     "Each kind's home imports only the homes and the shared configuration beneath it"),
     ("controlplane/user/cli.py", "import controlplane.intake",
      "The user's side imports no server module"),
     ("controlplane/intake.py", "import controlplane.user.client",
