@@ -102,6 +102,7 @@ def host_for(cfg: AgentConfig) -> Host:
 class NodeAgent:
     """One node's agent (see the module); `run` it once."""
 
+    # the units, composed once the agent is connected (`run`)
     worklog: WorkLog
     reporter: Reporter
     guests: Guests
@@ -129,20 +130,20 @@ class NodeAgent:
         quiet_libvirt_errors()
         load_quantity_parser()  # now, not on the loop of the first launch, beside heartbeats
         await self.host.open()
-        own = nc or await connect(self.cfg.access, f"agent-{self.cfg.node}")
+        connection = nc or await connect(self.cfg.access, f"agent-{self.cfg.node}")
         try:
-            js = own.jetstream()
+            js = connection.jetstream()
             if not await unless_stopped(wait_for_streams(js, self.layout), stop):
                 return
             opened = asyncio.ensure_future(open_worklog(js, self.layout, self.cfg.node, stop))
             if not await unless_stopped(opened, stop):
                 return
-            self._compose(own, opened.result(), stop)
-            await self._serve(own, stop)
+            self._compose(connection, opened.result(), stop)
+            await self._serve(connection, stop)
         finally:
             await self.host.close()
             if nc is None:
-                await own.close()
+                await connection.close()
 
     def _compose(self, nc: Client, worklog: WorkLog, stop: asyncio.Event) -> None:
         """The units of a running agent, on its connection and work log."""
@@ -211,10 +212,12 @@ class NodeAgent:
         await self.host.simulate(request, self)
 
     async def switch_off(self) -> None:
+        """A simulated agent stop: no heartbeats, reports or work until `switch_on`."""
         self.log.warning("simulated agent stop: no heartbeats, reports or work")
         self.active.clear()
 
     async def switch_on(self) -> None:
+        """The simulated agent stop ends: the host reported again, the guests reconciled."""
         self.active.set()
         await self.reporter.report_host(force=True)
         await self.reconciler.reconcile()

@@ -49,8 +49,7 @@ class Reconciler:
         self.host, self.guests, self.reporter, self.reads = host, guests, reporter, reads
         self.migrations, self.worklog = migrations, worklog
         self.busy = busy
-        """Held while a node command runs or the agent reconciles, so neither sees the
-        other half done."""
+        """The agent's: held while a node command runs or the agent reconciles."""
         self.log = guests.log
 
     async def adopt(self) -> None:
