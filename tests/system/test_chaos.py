@@ -94,7 +94,7 @@ AGENT_AIM_SECONDS = (0.0, 0.006)
 AIM_WAIT_SECONDS = 2.0
 AIM_POLL_SECONDS = 0.001
 WORK_TAKEN = '"event": "node command"'
-"""What the agent logs as it takes up a work item (`NodeAgent._apply`)."""
+"""What the agent logs as it takes up a work item (`nodeagent.consumer.WorkConsumer._apply`)."""
 LATE_RETRY_SHARE = 0.1
 """Of a client's commands, the share followed by a late retry of one of its earlier ones."""
 CONTROL_PLANE_KILLS = 3
@@ -539,7 +539,7 @@ def definition_problems(defined: list[tuple[str, str, int]], running: list[str],
     """Without agent kills, each VMI uid is defined at most once. With them, at most once by
     each agent process, and on one node only: a definition that the killed agent had not
     yet saved to its simulated host died with it (the host file is the host, see
-    `nodeagent.simhost`), so its redelivered launch defines it again, once."""
+    `nodeagent.hostfile`), so its redelivered launch defines it again, once."""
     problems = [f"Running VMI {uid} was never defined" for uid in running
                 if uid not in {d[0] for d in defined}]
     per_uid: dict[str, list[tuple[str, int]]] = defaultdict(list)
