@@ -5,11 +5,17 @@
 | `/apis/{group}/{version}/{plural}` (`/api/v1/...`: the core group) | every namespace's  |
 | `/apis/{group}/{version}/namespaces/{ns}/{plural}[/{name}]`        | list or one object |
 | `/apis/{group}/{version}/{plural}/{name}` (a cluster-scoped kind)  | one object         |
+| `/api[/v1]`, `/apis[/{group}[/{version}]]`                         | discovery          |
+| `/openapi/v3[/api/v1, /apis/{group}/{version}]`                    | OpenAPI v3         |
 | `/metrics`                                                         | Prometheus text    |
 | `/healthz`                                                         | `ok`               |
 
 Every kind declared in `events.api.kinds` is served at its group, versions and plural
 (`/apis/kubevirt.io/v1/namespaces/default/virtualmachines`, `/api/v1/nodes`).
+
+Discovery and OpenAPI are `projections.apiserver`'s, for kubectl. A list or an object asked
+as a `Table` (`Accept: application/json;as=Table;v=v1;g=meta.k8s.io`, as kubectl asks) is
+answered as one (`projections.apiserver.tables`).
 
 Read-only, GET only; a miss is a Kubernetes `Status` object with code 404. A list asked with
 `limit` comes a page at a time, as kube-apiserver pages one: at most `limit` items, and
@@ -48,10 +54,11 @@ from aiohttp import web
 from nats.errors import Error as NatsError
 
 from events.api.errors import InvalidSpec
-from events.api.kinds import of_resource
+from events.api.kinds import kind_named, of_resource
 from events.authorization.policy import PathRequest, Policy
 from events.language.messages import NODE_ACTOR_PREFIX
 from events.language.query import Query
+from projections.apiserver import discovery, openapi, tables
 from projections.cluster import ClusterState
 from projections.hco import METRICS_QUERY
 from projections.paging import Listed, ListPages, parse_continue
@@ -315,14 +322,22 @@ async def serve(state: ClusterState, reader: Reader, host: str, port: int,
                 user, access := PathRequest("get", METRICS_PATH)):
             reader.refuse(FORBIDDEN_PATH, path=request.path, user=user)
             return _status(403, "Forbidden", f"forbidden: User {user!r} {access}")
+        accept = request.headers.get("Accept", "")
         routed = route(request.path)
+        if routed is None and (served := discovery.answer(request.path, accept)
+                               or openapi.answer(request.path)):
+            return served
         if routed is not None and not routed[1] and (
                 "limit" in request.query or "continue" in request.query):
-            return await list_page(state, reader, pages, user, routed[0],
-                                   limit_param=request.query.get("limit", ""),
-                                   continue_param=request.query.get("continue", ""))
-        return respond(state, lambda s, q: reader.render(s, q, user), request.path,
-                       reader.process_metrics)
+            answered = await list_page(state, reader, pages, user, routed[0],
+                                       limit_param=request.query.get("limit", ""),
+                                       continue_param=request.query.get("continue", ""))
+        else:
+            answered = respond(state, lambda s, q: reader.render(s, q, user), request.path,
+                               reader.process_metrics)
+        kind = kind_named(routed[0].kind) if routed is not None else None
+        return answered if kind is None else tables.negotiated(
+            kind, answered, accept, request.query.get("includeObject", ""))
 
     async def refuse(_request: web.Request) -> web.Response:
         code, ctype, body = _status(405, "MethodNotAllowed", "the read API is read-only")
