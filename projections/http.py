@@ -290,6 +290,20 @@ def asker(request: web.Request, tokens: StaticTokens, trust_proxy_headers: bool)
     return tokens.user(request.headers.get("Authorization"))
 
 
+def _for_kubectl(request: web.Request,
+                 answered: tuple[int, str, bytes]) -> tuple[int, str, bytes]:
+    """What kubectl asks beside the objects (`projections.apiserver`): discovery or OpenAPI at
+    their paths (else `answered`, a 404), a list or an object as a `Table` where the request
+    asks one first."""
+    accept = request.headers.get("Accept", "")
+    routed = route(request.path)
+    if routed is None:
+        return discovery.answer(request.path, accept) or openapi.answer(request.path) or answered
+    kind = kind_named(routed[0].kind)
+    return answered if kind is None else tables.negotiated(
+        kind, answered, accept, request.query.get("includeObject", ""))
+
+
 async def serve(state: ClusterState, reader: Reader, host: str, port: int,
                 tokens: StaticTokens | None = None, *,
                 trust_proxy_headers: bool = False) -> web.AppRunner:
@@ -322,22 +336,15 @@ async def serve(state: ClusterState, reader: Reader, host: str, port: int,
                 user, access := PathRequest("get", METRICS_PATH)):
             reader.refuse(FORBIDDEN_PATH, path=request.path, user=user)
             return _status(403, "Forbidden", f"forbidden: User {user!r} {access}")
-        accept = request.headers.get("Accept", "")
         routed = route(request.path)
-        if routed is None and (served := discovery.answer(request.path, accept)
-                               or openapi.answer(request.path)):
-            return served
         if routed is not None and not routed[1] and (
                 "limit" in request.query or "continue" in request.query):
-            answered = await list_page(state, reader, pages, user, routed[0],
-                                       limit_param=request.query.get("limit", ""),
-                                       continue_param=request.query.get("continue", ""))
-        else:
-            answered = respond(state, lambda s, q: reader.render(s, q, user), request.path,
-                               reader.process_metrics)
-        kind = kind_named(routed[0].kind) if routed is not None else None
-        return answered if kind is None else tables.negotiated(
-            kind, answered, accept, request.query.get("includeObject", ""))
+            return _for_kubectl(request, await list_page(
+                state, reader, pages, user, routed[0],
+                limit_param=request.query.get("limit", ""),
+                continue_param=request.query.get("continue", "")))
+        return _for_kubectl(request, respond(state, lambda s, q: reader.render(s, q, user),
+                                             request.path, reader.process_metrics))
 
     async def refuse(_request: web.Request) -> web.Response:
         code, ctype, body = _status(405, "MethodNotAllowed", "the read API is read-only")
