@@ -103,6 +103,10 @@ async def test_kubectl_reads(system: System, vb: Client, tmp_path: Path) -> None
     nodes = await eventually(both_ready, what="kubectl get nodes: node-1 and node-2 Ready")
     assert nodes[0] == ["NAME", "STATUS", "AGE"]
 
+    every = await kubectl("get", "all")  # the `all` category, each kind's name as kind/name
+    assert "virtualmachine.kubevirt.io/web " in every, every
+    assert "virtualmachineinstance.kubevirt.io/web " in every, every
+
     one = rows(await kubectl("get", "vm", "web", "-o", "wide"))
     assert [r[0] for r in one] == ["NAME", "web"]
 
