@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from events.language.messages import SYSTEM_ACTOR_PREFIX
+from events.api.names import SYSTEM_ACTOR_PREFIX
 
 NODE_MONITOR_GRACE_SECONDS: Final = 20.0
 """A node whose agent has not heartbeated for this long becomes NotReady (kube: 40s)."""

@@ -16,10 +16,14 @@ from typing import Final
 from controlplane.decision import HANDLERS, Handler
 from controlplane.objects.commands import generic_handler
 
+USER_SIDE: Final = "user"
+"""The user's side (`controlplane.user`): no kind's home, never loaded into the server."""
+
 MODULES: Final[tuple[ModuleType, ...]] = tuple(
     importlib.import_module(f"{__package__}.{package.name}.commands")
     for package in pkgutil.iter_modules([str(Path(__file__).parent)])
-    if package.ispkg and (Path(__file__).parent / package.name / "commands.py").exists())
+    if package.ispkg and package.name != USER_SIDE
+    and (Path(__file__).parent / package.name / "commands.py").exists())
 """Every kind's home's `commands` module, in name order."""
 
 

@@ -46,12 +46,12 @@ from controlplane.defaults import (
     PULL_TOP_UP,
 )
 from controlplane.writer import Writer
+from events.api.names import SYSTEM_ACTOR_PREFIX
 from events.authorization.policy import Policy, command_request
 from events.jetstream.transient import retry_until_stopped, retry_while_running
 from events.language.ids import name_uuid
 from events.language.messages import (
     MAX_ID_LENGTH,
-    SYSTEM_ACTOR_PREFIX,
     Command,
     NodeReport,
     Outcome,

@@ -60,13 +60,14 @@ from events.language.codec import Event
 from events.language.messages import Command
 from events.language.subjects import Layout, split_aggregate_id
 from events.runtime.aio import pause_unless_stopped, together, unless_stopped
-from projections.cluster import VIEW_KINDS, ClusterState
+from projections.cluster import ClusterState
 from projections.follower import follow
+from projections.kinds import FOLDS
 from projections.snapshots import Snapshots, restore
 
 log = structlog.get_logger(__name__)
 
-FOLLOWED_KINDS: Final = tuple(VIEW_KINDS)
+FOLLOWED_KINDS: Final = tuple(FOLDS)
 """What the live follow asks the server for: the kinds the read model holds views of,
 every kind but commands' markers. A marker is no object of the read model nor of any
 controller, and it is half the log under client load: the writer knows its own markers as

@@ -25,8 +25,8 @@ from events.jetstream.datastore import EventLog
 from events.jetstream.directget import sequence
 from events.language.codec import Event
 from events.language.messages import CommandAccepted, CommandRejected
-from projections.cluster import VIEW_KINDS
 from projections.follower import read_event
+from projections.kinds import fold_of
 from projections.views import View
 
 V = TypeVar("V", bound=View)
@@ -106,7 +106,7 @@ class Memory:
                 # its last sequence without its history (a VMI scheduled, never created),
                 # and pass its guard. It is read whole from the log when next needed.
                 return
-            view_cls = VIEW_KINDS.get(event.originator_id.split(".", 1)[0])
+            view_cls = fold_of(event.originator_id.split(".", 1)[0])
             if view_cls is None:
                 return
             view = self.views[event.originator_id] = view_cls(event.originator_id)
@@ -150,7 +150,7 @@ class Memory:
         known = self._scopes.get(scope)
         if known is None:
             prefix = scope + "."
-            if not self.complete or scope.partition(".")[0] not in VIEW_KINDS \
+            if not self.complete or fold_of(scope.partition(".")[0]) is None \
                     or any(agg_id.startswith(prefix) for agg_id in self._stale):
                 return None
             known = self._scopes[scope] = _Scope()

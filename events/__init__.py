@@ -2,7 +2,7 @@
 
 - `events.api`: the Kubernetes-shaped API schemas, their admission, and the errors bad input
   is refused with;
-- `events.language`: the log's language: event and command types, each kind's declaration
+- `events.language`: the log's language: event and command types, each kind's events
   (`events.language.kinds`), the codec and its upcasters, subject names;
 - `events.jetstream`: NATS and JetStream plumbing, and the event store on it (the
   `eventsourcing` persistence module `events.jetstream`);

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -18,7 +18,7 @@ from events.language.kinds.nodes import NODE_KIND
 from events.language.kinds.replicaset import REPLICA_SET_KIND
 from events.language.kinds.vm import PAUSED_MESSAGES, VM_KIND, VMI_KIND
 from events.language.subjects import aggregate_id
-from projections.kinds import FOLDS
+from projections.kinds import FOLDS, fold_of
 from projections.kinds.instancetype import revision_refs
 from projections.kinds.migration import MigrationView, render_migration_state
 from projections.kinds.replicaset import PresetView, ReplicaSetView
@@ -32,11 +32,6 @@ from projections.migratable import not_migratable
 from projections.views import View, iso, object_meta
 
 V = TypeVar("V", bound=View)
-
-VIEW_KINDS: Final = FOLDS
-"""Aggregate-id token -> the view that folds its events: every `View` subclass of
-`projections.kinds` names its tokens."""
-
 
 class ClusterState:
     """Every object's view; `apply` is idempotent per aggregate version."""
@@ -65,7 +60,7 @@ class ClusterState:
 
     def apply(self, event: Event, sequence: int = 0) -> View | None:
         kind = event.originator_id.split(".", 1)[0]
-        view_cls = VIEW_KINDS.get(kind)
+        view_cls = FOLDS.get(kind) or fold_of(kind)
         self.last_sequence = max(self.last_sequence, sequence)
         if view_cls is None:
             return None
@@ -120,7 +115,7 @@ class ClusterState:
     def of_token(self, token: str) -> Iterator[View]:
         """Every existing object whose aggregate carries `token` (one declared kind's),
         without looking at the views of other classes."""
-        fold = VIEW_KINDS.get(token)
+        fold = fold_of(token)
         prefix = token + "."
         return (view for view in self._all(fold) if view.id.startswith(prefix)) \
             if fold is not None else iter(())

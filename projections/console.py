@@ -19,10 +19,10 @@ from typing import Final
 
 from nats.aio.client import Client
 
+from events.api.names import NODE_ACTOR_PREFIX
 from events.authorization.policy import Policy, console_request
 from events.jetstream.directget import direct_batch, sequence
 from events.language.kinds.vm import VMI_KIND
-from events.language.messages import NODE_ACTOR_PREFIX
 from events.language.query import ConsoleAnswer, ConsoleQuery
 from events.language.subjects import Layout, aggregate_id
 from projections.cluster import ClusterState

@@ -55,8 +55,8 @@ from nats.errors import Error as NatsError
 
 from events.api.errors import InvalidSpec
 from events.api.kinds import kind_named, of_resource
+from events.api.names import NODE_ACTOR_PREFIX
 from events.authorization.policy import PathRequest, Policy
-from events.language.messages import NODE_ACTOR_PREFIX
 from events.language.query import Query
 from projections.apiserver import discovery, openapi, tables
 from projections.cluster import ClusterState

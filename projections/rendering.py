@@ -21,6 +21,7 @@ from projections.cluster import (
 )
 from projections.hco import ALERTS_QUERY, METRICS_QUERY, answer, cluster_tuning
 from projections.hco import render_view as render_hco_view
+from projections.kinds.hco import HCO_TOKENS
 from projections.kinds.migration import MigrationView, render_migration
 from projections.kinds.replicaset import (
     ReplicaSetView,
@@ -42,8 +43,9 @@ def render(state: ClusterState, query: Query) -> list[dict[str, Any]]:
         return answer(state, query.kind, query.name, datetime.now(UTC))
     if declared is None:
         return []
-    if declared.one_per_cluster:
-        out = answer(state, query.kind, query.name, datetime.now(UTC))
+    if declared.token in HCO_TOKENS:  # one of each for the cluster, whatever namespace asked
+        out = [o for o in answer(state, query.kind, query.name, datetime.now(UTC))
+               if query.namespace in ("", o["metadata"].get("namespace", ""))]
     elif query.kind == NODE.kind:  # the cluster's tuning worked out once for every node
         tuning = cluster_tuning(state)
         out = [node_object(state, node, tuning) for node in state.nodes()

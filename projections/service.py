@@ -18,11 +18,11 @@ from nats.errors import Error as NatsError
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from events.api.kinds import is_cluster_scoped, kind_named
+from events.api.names import NODE_ACTOR_PREFIX
 from events.authorization.policy import PathRequest, Policy, Request, resource_of
 from events.jetstream.connect import Access, connect_unless_stopped, shown
 from events.jetstream.streams import wait_for_streams
 from events.language.codec import Event
-from events.language.messages import NODE_ACTOR_PREFIX
 from events.language.query import (
     FORBIDDEN,
     NOT_FOUND,
@@ -95,14 +95,18 @@ SECRET_FIELDS: Final = ("userData", "userDataBase64", "networkData", "networkDat
 class PolicySight:
     """What one asker may see of one kind with one verb (`audit.Sight`): objects in the
     namespaces the policy lets it `verb` them, cloud-init secrets only where it may also
-    change them (and so could read them back by writing them); elsewhere `<redacted>`."""
+    change them (and so could read them back by writing them); elsewhere `<redacted>`. A
+    cluster-scoped kind's objects (the HyperConverged and its operands among them, whatever
+    namespace they show) are seen at the cluster scope, as their commands are decided."""
 
     def __init__(self, policy: Policy, asker: str, kind: str, verb: str) -> None:
         self.policy, self.asker, self.verb = policy, asker, verb
         self.group, self.resource = resource_of(kind)
+        self.cluster_scoped = is_cluster_scoped(kind)
 
     def request(self, namespace: str) -> Request:
-        return Request(self.verb, self.group, self.resource, namespace)
+        return Request(self.verb, self.group, self.resource,
+                       "" if self.cluster_scoped else namespace)
 
     def may_read(self, namespace: str) -> bool:
         return self.policy.allows(self.asker, self.request(namespace))
@@ -111,8 +115,8 @@ class PolicySight:
         namespace = item.get("metadata", {}).get("namespace", "")
         if not self.may_read(namespace):
             return None
-        writer = self.policy.allows(self.asker, Request("patch", self.group, self.resource,
-                                                        namespace))
+        writer = self.policy.allows(self.asker, Request(
+            "patch", self.group, self.resource, "" if self.cluster_scoped else namespace))
         return item if writer else _redacted(item)
 
 

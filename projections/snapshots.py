@@ -20,7 +20,7 @@ Python type the views hold (tuples, sets, datetimes, msgspec Structs) as msgpack
 tagged extension, and refuses any other: a state it cannot write exactly is not written.
 Each distinct Struct value is written once, in one array per Struct class decoded in one
 call. The whole is zlib-compressed. Reading back builds only what the tags name: view
-classes of `VIEW_KINDS` as this version makes them and Structs of `events` and
+classes of `FOLDS` as this version makes them and Structs of `events` and
 `projections`; a point-in-time read decodes only the sections of the kinds it renders. A
 snapshot's chunks are read by batched Direct Get; one the ring has cut short is passed over
 at once.
@@ -52,7 +52,8 @@ from events.jetstream.transient import describe, retry_within
 from events.language.subjects import Layout
 from events.runtime.aio import pause_unless_stopped
 from projections.bulk import uncollected
-from projections.cluster import VIEW_KINDS, ClusterState
+from projections.cluster import ClusterState
+from projections.kinds import FOLDS, fold_of
 from projections.views import View
 
 log = structlog.get_logger(__name__)
@@ -110,7 +111,7 @@ class _StructSection(msgspec.Struct, array_like=True, frozen=True):
 
 
 class _RowSection(msgspec.Struct, array_like=True, frozen=True):
-    """The views of one class (`VIEW_KINDS`' token), each a row of its attribute values in
+    """The views of one class (`FOLDS`' token), each a row of its attribute values in
     `keys`' order, as `_Packer` writes them: a reader decodes only the kinds it asks for."""
 
     kind: str
@@ -274,7 +275,7 @@ def _decoder(sections: list[_StructSection],
 def encode_state(state: ClusterState) -> bytes:
     """`state` as a snapshot at its `last_sequence`; `Unsnapshottable` if it holds a value
     that could not be read back exactly."""
-    kinds = {cls: kind for kind, cls in VIEW_KINDS.items()}
+    kinds = {cls: kind for kind, cls in FOLDS.items()}
     sections: dict[tuple[type[View], tuple[str, ...]], list[View]] = {}
     index: dict[tuple[type[View], tuple[str, ...]], int] = {}
     order = []
@@ -294,7 +295,7 @@ def encode_state(state: ClusterState) -> bytes:
 
 
 def decode_state(data: bytes, kinds: frozenset[str] | None = None) -> ClusterState:
-    """The state a snapshot holds, only its views of `kinds` (`VIEW_KINDS`' tokens; all when
+    """The state a snapshot holds, only its views of `kinds` (`FOLDS`' tokens; all when
     None); `SnapshotRejected` for anything else, a snapshot of another code version
     included."""
     try:
@@ -363,7 +364,7 @@ class _Shape:
 
     @classmethod
     def of(cls, section: _RowSection) -> _Shape:
-        view_class = VIEW_KINDS.get(section.kind)
+        view_class = fold_of(section.kind)
         fresh = vars(view_class("")) if view_class is not None else {}
         if view_class is None or section.keys != list(fresh):
             raise SnapshotRejected(f"not a view as this version makes one: {section.kind!r} "

@@ -31,8 +31,9 @@ def apply_object(declared: Kind, manifest: type[ApiStruct], d: Decision) -> None
         raise InvalidSpec("metadata", f"a {declared.kind} needs metadata")
     content = {key: value for key, value in msgspec.to_builtins(new).items()
                if key not in _NOT_CONTENT}
-    found = d.load(aggregate_id(declared.token, meta.namespace if declared.namespaced else "",
-                                meta.name), ObjectView)
+    found = d.load(aggregate_id(declared.token,
+                                "" if declared.cluster_scoped else meta.namespace, meta.name),
+                   ObjectView)
     old = found.state
     if found.exists:
         if (old.content, old.metadata.labels, old.metadata.annotations) == (

@@ -1,9 +1,10 @@
 """Every kind virtbus serves, declared once, as KubeVirt's `kubevirt.io/api` states each
 kind's metadata once: its API group and versions, names (kind, plural, singular, short
 names, categories), scope, the aggregate-id token its events live under, its printer
-columns and subresources, and how `apply` admits it. Every table that lists kinds (the
-codec's, the policy's groups and scope, the query names, the HTTP paths, the CLI's tables,
-API discovery) is derived from these declarations, never kept by hand.
+columns and subresources, and how `apply` admits it. Every table that lists kinds (apply's
+admission, the policy's groups and scope, the names a person types, the read API's paths,
+discovery, OpenAPI and tables, the CLI's tables, the aggregate-id tokens) is derived from
+these declarations, never kept by hand.
 
 A kind is declared in the module of its API schema with `declare(Kind(...))`. The first
 look-up imports every module of `events.api`, so every declaration is known with nothing
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -130,78 +132,107 @@ class Kind:
         return self.short_names[0] if self.short_names else self.singular
 
 
-_KINDS: dict[str, Kind] = {}
-_loaded = False
+class _Registry:
+    """The declarations, with an index by token and by resource, and a generation that
+    moves with every change (for the caches of tables derived from them)."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, Kind] = {}
+        self.by_token: dict[str, Kind] = {}
+        self.by_resource: dict[tuple[str, str], Kind] = {}
+        self.ordered: tuple[Kind, ...] = ()
+        self.generation = 0
+        self.loaded = False
+        self.loading = threading.RLock()
+
+    def load(self) -> _Registry:
+        """The registry once every module of `events.api` is imported (the first look-up
+        imports them; a look-up made while they import sees what is declared so far)."""
+        if not self.loaded:
+            with self.loading:
+                if not self.loaded:
+                    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
+                        importlib.import_module(f"{__package__}.{module.name}")
+                    self.loaded = True
+        return self
+
+    def changed(self) -> None:
+        self.by_token = {k.token: k for k in self.by_name.values()}
+        self.by_resource = {(k.group, k.plural): k for k in self.by_name.values()}
+        self.ordered = tuple(sorted(self.by_name.values(), key=lambda k: (k.group, k.kind)))
+        self.generation += 1
 
 
-def _kinds() -> dict[str, Kind]:
-    """Every declaration, once every module of `events.api` is imported."""
-    global _loaded  # noqa: PLW0603 (loaded once per process)
-    if not _loaded:
-        _loaded = True
-        for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
-            importlib.import_module(f"{__package__}.{module.name}")
-    return _KINDS
+_REGISTRY: Final = _Registry()
 
 
 def declare(kind: Kind) -> Kind:
-    """Register a kind's declaration; a second, different declaration of a name or a token
-    is a programming error."""
-    for other in _KINDS.values():
+    """Register a kind's declaration; a second, different declaration of a name, a token or
+    a resource is a programming error."""
+    known = _REGISTRY.by_name
+    for other in known.values():
         if other.kind != kind.kind and (other.token == kind.token or (
                 other.group, other.plural) == (kind.group, kind.plural)):
             raise ValueError(f"{kind.kind} takes {other.kind}'s token or resource")
-    if _KINDS.get(kind.kind, kind) != kind:
+    if known.get(kind.kind, kind) != kind:
         raise ValueError(f"kind {kind.kind} is already declared")
-    _KINDS[kind.kind] = kind
+    known[kind.kind] = kind
+    _REGISTRY.changed()
     return kind
 
 
 def forget(name: str) -> None:
     """Take a declaration back (a test's throwaway kind)."""
-    _KINDS.pop(name, None)
+    if _REGISTRY.by_name.pop(name, None) is not None:
+        _REGISTRY.changed()
 
 
-def declared() -> Iterable[Kind]:
-    """Every declared kind, in declaration order."""
-    return tuple(_kinds().values())
+def generation() -> int:
+    """A number that changes whenever a kind is declared or forgotten."""
+    return _REGISTRY.load().generation
+
+
+def declared() -> tuple[Kind, ...]:
+    """Every declared kind, by group and kind."""
+    return _REGISTRY.load().ordered
 
 
 def kind_named(name: str) -> Kind | None:
-    return _kinds().get(name)
+    return _REGISTRY.load().by_name.get(name)
 
 
 def of_token(token: str) -> Kind | None:
     """The kind whose aggregates carry `token`."""
-    return next((k for k in _kinds().values() if k.token == token), None)
+    return _REGISTRY.load().by_token.get(token)
 
 
 def of_resource(group: str, plural: str) -> Kind | None:
     """The kind an API path names by group and resource (`kubevirt.io`, `virtualmachines`)."""
-    return next((k for k in _kinds().values() if (k.group, k.plural) == (group, plural)), None)
+    return _REGISTRY.load().by_resource.get((group, plural))
 
 
 def resolve(text: str) -> Kind:
     """The kind a person typed: its name, or (any case) its singular, plural or a short
     name, as kubectl resolves them."""
-    for kind in _kinds().values():
+    kinds = declared()
+    for kind in kinds:
         if text == kind.kind or text.lower() in kind.aliases:
             return kind
-    names = ", ".join(k.shown_name for k in _kinds().values())
+    names = ", ".join(k.shown_name for k in kinds)
     raise InvalidSpec("kind", f"must be one of {names} (or their full names), not {text!r}")
 
 
 def is_cluster_scoped(name: str) -> bool:
     """Whether a kind's objects are the cluster's (no namespace in their id, decided at the
     cluster scope)."""
-    declared = _kinds().get(name)
+    declared = kind_named(name)
     return declared is not None and declared.cluster_scoped
 
 
 def token_of(name: str) -> str:
     """The aggregate-id token of a kind's objects; an undeclared kind's is its lowercase
     name (a command naming such a kind goes on a subject of its own, and is refused)."""
-    declared = _kinds().get(name)
+    declared = kind_named(name)
     return declared.token if declared is not None else name.lower()
 
 

@@ -1,6 +1,6 @@
 """Kubernetes' rules for names: DNS-1123 labels (namespaces, most of KubeVirt's objects,
 volume names) and subdomains (instancetypes, label prefixes), each with the wording a
-refusal names."""
+refusal names; and the user names Kubernetes reserves (`system:`, `system:node:<node>`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,11 @@ import re
 from typing import Final
 
 from events.api.errors import InvalidSpec
+
+SYSTEM_ACTOR_PREFIX: Final = "system:"
+"""Actors of the control plane's own commands; never accepted from the command stream."""
+NODE_ACTOR_PREFIX: Final = f"{SYSTEM_ACTOR_PREFIX}node:"
+"""A node agent's identity, as Kubernetes names a kubelet."""
 
 DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 """Kubernetes' name pattern (without its 63-character limit); such names are subject-safe."""

@@ -36,11 +36,11 @@ from typing import Final, Literal
 import msgspec
 
 from events.api.errors import InvalidSpec
-from events.api.names import DNS1123_LABEL
+from events.api.names import DNS1123_LABEL, SYSTEM_ACTOR_PREFIX
 from events.authorization.policy import KUBEVIRT_GROUP, Policy, Request, load_policy
 from events.jetstream.connect import inbox_for
 from events.jetstream.streams import reads_direct, work_consumer
-from events.language.messages import SYSTEM_ACTOR_PREFIX, node_actor
+from events.language.messages import node_actor
 from events.language.query import query_subject
 from events.language.subjects import Layout, encode_token
 

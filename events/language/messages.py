@@ -16,6 +16,7 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 import msgspec
 
 from events.api.errors import InvalidSpec
+from events.api.names import NODE_ACTOR_PREFIX
 from events.api.vm import VirtualMachineInstanceNetworkInterface
 from events.language.codec import Event, event_type
 from events.language.subjects import aggregate_id, encode_token
@@ -48,11 +49,6 @@ MAX_TOKEN_LENGTH: Final = 63
 """A kind, a verb, a namespace: DNS-1123 labels at most."""
 MAX_ID_LENGTH: Final = 200
 """A command's id and correlation id, and an actor."""
-
-SYSTEM_ACTOR_PREFIX: Final = "system:"
-"""Actors of the control plane's own commands; never accepted from the command stream."""
-NODE_ACTOR_PREFIX: Final = f"{SYSTEM_ACTOR_PREFIX}node:"
-
 
 def outcome_key(actor: str, command_id: str) -> str:
     """A command's key in the outcomes bucket: under its actor, so each user may be allowed

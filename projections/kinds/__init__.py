@@ -11,7 +11,7 @@ import pkgutil
 from types import ModuleType
 from typing import Final
 
-from events.api.kinds import declared
+from events.api.kinds import declared, generation, of_token
 from projections.kinds.objects import ObjectView
 from projections.views import View
 
@@ -24,13 +24,30 @@ FOLDS: Final = View.FOLDS
 """Aggregate-id token -> the view that folds its events."""
 
 
+_UNFOLDED: dict[int, set[str]] = {}
+"""Tokens of no declared kind (a command's marker, say), by the declarations' generation
+they were looked up in."""
+
+
 def fold_of(token: str) -> type[View] | None:
     """The view that folds `token`'s events: its own, else `ObjectView` for a declared
-    kind's (remembered in `FOLDS`), else None (no kind of this version)."""
+    kind's (remembered in `FOLDS`, so a kind declared after this package loaded is folded
+    from then on), else None (no kind of this version; remembered until a kind is
+    declared)."""
     fold = FOLDS.get(token)
-    if fold is None and any(kind.token == token for kind in declared()):
-        fold = FOLDS[token] = ObjectView
-    return fold
+    if fold is not None:
+        return fold
+    unfolded = _UNFOLDED.get(generation())
+    if unfolded is None:
+        _UNFOLDED.clear()
+        unfolded = _UNFOLDED[generation()] = set()
+    if token in unfolded:
+        return None
+    if of_token(token) is None:
+        unfolded.add(token)
+        return None
+    FOLDS[token] = ObjectView
+    return ObjectView
 
 
 for _kind in declared():

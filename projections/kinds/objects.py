@@ -4,6 +4,7 @@ creationTimestamp)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from events.api.base import ObjectMeta
@@ -46,4 +47,5 @@ def render_object(view: ObjectView) -> dict[str, Any]:
     if declared is None or not declared.namespaced:
         del meta["namespace"]
     return {"apiVersion": declared.api_version if declared else "", "kind":
-            declared.kind if declared else "", "metadata": meta, **view.content}
+            declared.kind if declared else "", "metadata": meta,
+            **copy.deepcopy(view.content)}  # an answer is the asker's to change (redaction)

@@ -108,9 +108,6 @@ class ReplicaSetView(View, tokens=(REPLICA_SET_KIND,)):
                 self.exists = False
 
 
-"""The kinds the read side serves from here."""
-
-
 def render_preset(view: PresetView) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": PRESET,
             "metadata": object_meta(view, view.metadata, view.uid, view.generation),

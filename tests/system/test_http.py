@@ -40,6 +40,11 @@ async def test_http_read_api(system: System, vb: Client) -> None:
     assert code == 404 and missing["reason"] == "NotFound"
     code, metrics = await get("/metrics")
     assert code == 200 and "# TYPE" in metrics
+    hco = "/apis/hco.kubevirt.io/v1beta1/namespaces/{}/hyperconvergeds/kubevirt-hyperconverged"
+    code, found = await get(hco.format("kubevirt-hyperconverged"))
+    assert code == 200 and found["kind"] == "HyperConverged"
+    code, elsewhere = await get(hco.format("default"))  # the one HCO lives in its namespace
+    assert code == 404 and elsewhere["reason"] == "NotFound"
     code, unknown = await get("/apis/other")
     assert code == 404 and unknown["kind"] == "Status"
     code, refused = await asyncio.to_thread(fetch, system.http_port, "/api/v1/nodes", "POST")
