@@ -145,6 +145,17 @@ class Decision:
         except msgspec.ValidationError as e:
             raise InvalidSpec("manifest", str(e)) from None
 
+    def deciding_apply(self, manifest: dict[str, Any], apply: Handler) -> None:
+        """Decide `apply` (a kind's apply handler) of `manifest` within this decision (a
+        patch's result): the same reads, admission and events as that apply's own, guarded
+        with what this decision read before; the command stays itself for its outcome."""
+        command = self.command
+        self.command = msgspec.structs.replace(command, verb="apply", manifest=manifest)
+        try:
+            apply(self)
+        finally:
+            self.command = command
+
     def trigger(self, aggregate: Aggregate[Any], event_cls: type[Event], **fields: Any) -> None:
         aggregate.trigger(self.cause, event_cls, **fields)
 

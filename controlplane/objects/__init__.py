@@ -1,1 +1,2 @@
-"""Any declared kind with no handlers of its own: its objects are kept as applied."""
+"""Any declared kind with no handlers of its own: its objects are kept as applied; and the
+`patch` of every kind `apply` admits (`controlplane.objects.patch`)."""

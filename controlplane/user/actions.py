@@ -211,27 +211,26 @@ async def cmd_patch(args: argparse.Namespace, vb: Client) -> int:
     if (args.type == "json") != isinstance(patch, list):
         raise InvalidSpec("--patch", "--type=json takes a list of operations, --type=merge "
                                      "an object")
-    outcome = await vb.patch(kind, args.namespace, args.name, patch)
+    outcome = await vb.patch(kind, scope(kind, args.namespace), args.name, patch)
     print(f"{kind.lower()}/{args.name} {'patched' if outcome.sequences else 'unchanged'}")
     return 0
 
 
 async def cmd_annotate(args: argparse.Namespace, vb: Client) -> int:
-    """`key=value` sets (with --overwrite if set already), `key-` removes."""
+    """`key=value` sets (with --overwrite if set already to another value), `key-` removes:
+    one merge patch, decided by the control plane on the object as it is then."""
     kind = kinds.resolve(args.kind).kind
-    current = (await vb.get(kind, args.namespace, args.name))["metadata"].get("annotations", {})
     changes: dict[str, str | None] = {}
     for item in args.annotations:
         key, sep, value = item.partition("=")
         if sep:
-            if key in current and current[key] != value and not args.overwrite:
-                raise InvalidSpec(key, "is already set; pass --overwrite to replace it")
             changes[key] = value
         elif key.endswith("-"):
             changes[key[:-1]] = None
         else:
             raise InvalidSpec(item, "must be key=value, or key- to remove")
-    await vb.patch(kind, args.namespace, args.name, {"metadata": {"annotations": changes}})
+    await vb.patch(kind, scope(kind, args.namespace), args.name,
+                   {"metadata": {"annotations": changes}}, overwrite=args.overwrite)
     print(f"{kind.lower()}/{args.name} annotated")
     return 0
 

@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any, Final, Self, TypeVar
 
-import jsonpatch
 import msgspec
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
@@ -34,6 +33,7 @@ from events.api.errors import Forbidden, InvalidSpec, NotFound, TooManyRequests
 from events.api.kinds import token_of
 from events.api.manifest import decode_object
 from events.api.node import LabelBody, TaintBody, TaintKey
+from events.api.patch import PatchBody
 from events.api.replicaset import REPLICA_SET, ScaleBody
 from events.api.scheduling import Taint
 from events.jetstream.connect import Access, connect, url_user
@@ -132,19 +132,6 @@ def _arrived(arrivals: list[asyncio.Future[Outcome]], outcome: Outcome) -> None:
 
 async def _quiet(_error: Exception) -> None:
     """Connection errors surface as exceptions from `connect`; don't also print them."""
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386: mappings merge recursively, `null` removes, anything else replaces."""
-    if not isinstance(patch, dict):
-        return patch
-    merged = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = merge_patch(merged.get(key), value)
-    return merged
 
 
 def default_actor() -> str:
@@ -384,21 +371,17 @@ class Client:
                               manifest=msgspec.to_builtins(body))
 
     async def patch(self, kind: str, namespace: str, name: str,
-                    patch: list[dict[str, Any]] | dict[str, Any]) -> Outcome:
-        """kubectl patch, client side: the object as read, an RFC 6902 patch (a list) or an
-        RFC 7386 merge patch (a mapping) applied to its metadata and spec, then `apply`."""
-        obj = await self.get(kind, namespace, name)
-        meta = obj["metadata"]
-        current = {"apiVersion": obj["apiVersion"], "kind": obj["kind"],
-                   "metadata": {key: meta[key] for key in ("name", "namespace", "labels",
-                                                          "annotations") if key in meta},
-                   "spec": obj.get("spec", {})}
-        if isinstance(patch, list):
-            patched: dict[str, Any] = jsonpatch.apply_patch(current, patch)
-        else:
-            patched = merge_patch(current, patch)
-        [outcome] = await self.apply(patched)
-        return outcome
+                    patch: list[dict[str, Any]] | dict[str, Any], *,
+                    resource_version: str = "", overwrite: bool = True) -> Outcome:
+        """kubectl patch, decided by the control plane against the object as it is then (this
+        client reads nothing): an RFC 6902 patch (a list) or an RFC 7386 merge patch (a
+        mapping), the result admitted as an `apply`. `resource_version`: refused if the object
+        changed since that sequence; without `overwrite`, a merge patch may not replace a
+        value set to another."""
+        body = PatchBody(type="json" if isinstance(patch, list) else "merge", patch=patch,
+                         resource_version=resource_version, overwrite=overwrite)
+        return await self.act(kind, "patch", namespace, name,
+                              manifest=msgspec.to_builtins(body))
 
     # -- reads -------------------------------------------------------------------------
 

@@ -190,12 +190,14 @@ _ACTIONS: Final = {"start": "virtualmachines/start", "stop": "virtualmachines/st
                    "soft-reboot": "virtualmachineinstances/softreboot"}
 """virtctl's verbs: updates of KubeVirt's subresources."""
 
-_OBJECT_VERBS: Final = {"apply": "patch", "create": "create", "delete": "delete",
-                        "label": "patch", "taint": "patch", "cordon": "patch",
-                        "uncordon": "patch", "drain": "patch", "scale": "patch"}
-"""kubectl's requests: `apply` (server side), `label`, `taint`, `cordon`, `uncordon`,
-`drain` (which cordons, then evicts) and `scale` are each a `patch` of the object (KubeVirt's
-roles grant no `/scale` subresource: a replica set's editors scale it)."""
+_OBJECT_VERBS: Final = {"apply": "patch", "patch": "patch", "create": "create",
+                        "delete": "delete", "label": "patch", "taint": "patch",
+                        "cordon": "patch", "uncordon": "patch", "drain": "patch",
+                        "scale": "patch"}
+"""kubectl's requests: `apply` (server side), `patch` (and `annotate`, sent as one), `label`,
+`taint`, `cordon`, `uncordon`, `drain` (which cordons, then evicts) and `scale` are each a
+`patch` of the object (KubeVirt's roles grant no `/scale` subresource: a replica set's
+editors scale it)."""
 
 
 def resource_of(kind: str) -> tuple[str, str]:

@@ -184,6 +184,38 @@ def test_instancetypes_through_the_cli(cli: Cli) -> None:
     assert vmi["spec"]["domain"]["memory"] == {"guest": "128Mi"}
 
 
+def test_annotate_and_patch_through_the_cli(cli: Cli) -> None:
+    """`annotate` and `patch` send one `patch` command each, applied by the control plane to
+    the object as it is when it decides it (the client reads nothing): two annotations sent
+    at once both land (issue 33: one was lost, 5 times out of 5)."""
+    cli("apply", "-f", str(EXAMPLE))
+    annotated = cli("annotate", "vm", "testvm", "team=blue").stdout
+    assert annotated == "virtualmachine/testvm annotated\n"
+    vm = json.loads(cli.until("get", "vm", "testvm", "-o", "json", contains='"team": "blue"'))
+    assert vm["metadata"]["annotations"]["team"] == "blue"
+    refused = cli("annotate", "vm", "testvm", "team=red", ok=False)
+    assert (refused.returncode, refused.stderr) == (
+        1, "error: metadata.annotations.team: is already set; pass --overwrite to replace it\n")
+    cli("annotate", "vm", "testvm", "team=red", "--overwrite")
+    cli("patch", "vm", "testvm", "--type", "json", "-p",
+        '[{"op": "add", "path": "/metadata/labels", "value": {"tier": "web"}}]')
+    vm = json.loads(cli.until("get", "vm", "testvm", "-o", "json", contains='"tier": "web"'))
+    assert vm["metadata"]["annotations"]["team"] == "red"
+    failed = cli("patch", "vm", "testvm", "--type", "json", "-p",
+                 '[{"op": "test", "path": "/spec/runStrategy", "value": "Manual"}]', ok=False)
+    assert failed.returncode == 1 and failed.stderr.startswith("error: /spec/runStrategy: ")
+    for n in range(5):
+        at_once = [subprocess.Popen(
+            [sys.executable, "-m", "controlplane.user.cli", "annotate", "vm", "testvm",
+             f"{who}{n}=x"], env=cli.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True) for who in "ab"]
+        for proc in at_once:
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+        for who in "ab":
+            cli.until("get", "vm", "testvm", "-o", "json", contains=f'"{who}{n}": "x"')
+
+
 def _first_lines(cli: Cli, count: int) -> list[dict[str, object]]:
     """The first `count` changes of a `watch --since 1` (which then stays live)."""
     watch = subprocess.Popen(

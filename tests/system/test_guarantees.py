@@ -70,6 +70,31 @@ async def test_bad_input_is_refused_with_field_and_rule_and_appends_nothing(
     assert await vb.query("VirtualMachine") == []
 
 
+PATCH_ROUNDS = 30
+
+
+async def test_two_clients_annotating_one_vm_at_once_lose_neither(
+        system: System, vb: Client) -> None:
+    """Issue 33: two annotations sent at once, from two clients on connections of their own,
+    round after round: the control plane patches the VM as it is when it decides each, so
+    both are kept every round (a client that read, patched and applied lost one)."""
+    await vb.apply(vm_manifest("noted", "Halted"))
+    clients = [await Client.connect(system.nats_url, system.prefix, actor=f"user:{who}")
+               for who in ("ann", "bob")]
+    try:
+        for n in range(PATCH_ROUNDS):
+            outcomes = await asyncio.gather(*[
+                c.patch("VirtualMachine", "default", "noted",
+                        {"metadata": {"annotations": {f"{who}-{n}": "x"}}})
+                for c, who in zip(clients, ("ann", "bob"), strict=True)])
+            last = max(seq for o in outcomes for seq in o.sequences)
+            vm = await vb.get("VirtualMachine", "default", "noted", after=last)
+            assert {f"ann-{n}", f"bob-{n}"} <= vm["metadata"]["annotations"].keys(), n
+    finally:
+        for c in clients:
+            await c.close()
+
+
 async def test_concurrent_writers_each_get_an_outcome_and_nothing_is_lost(
         system: System, vb: Client) -> None:
     await vb.apply(vm_manifest("shared", "Halted"))
