@@ -8,14 +8,17 @@
 | `/api[/v1]`, `/apis[/{group}[/{version}]]`                         | discovery          |
 | `/openapi/v3[/api/v1, /apis/{group}/{version}]`                    | OpenAPI v3         |
 | `/metrics`                                                         | Prometheus text    |
-| `/healthz`                                                         | `ok`               |
+| `/healthz`, `/readyz`, `/livez`                                    | `ok`               |
+| `/version`                                                         | a `version.Info`   |
 
 Every kind declared in `events.api.kinds` is served at its group, versions and plural
 (`/apis/kubevirt.io/v1/namespaces/default/virtualmachines`, `/api/v1/nodes`).
 
 Discovery and OpenAPI are `projections.apiserver`'s, for kubectl. A list or an object asked
 as a `Table` (`Accept: application/json;as=Table;v=v1;g=meta.k8s.io`, as kubectl asks) is
-answered as one (`projections.apiserver.tables`).
+answered as one (`projections.apiserver.tables`). A list path with `?watch=true` streams
+the changes (`projections.apiserver.watch`); `resourceVersion` on a get or list reads the
+state at that sequence of the log (`projections.apiserver.versions`).
 
 Read-only, GET only; a miss is a Kubernetes `Status` object with code 404. A list asked with
 `limit` comes a page at a time, as kube-apiserver pages one: at most `limit` items, and
@@ -58,7 +61,7 @@ from events.api.kinds import kind_named, of_resource
 from events.api.names import NODE_ACTOR_PREFIX
 from events.authorization.policy import PathRequest, Policy
 from events.language.query import Query
-from projections.apiserver import discovery, openapi, tables
+from projections.apiserver import discovery, openapi, tables, versions, watch
 from projections.cluster import ClusterState
 from projections.hco import METRICS_QUERY
 from projections.paging import Listed, ListPages, parse_continue
@@ -76,6 +79,9 @@ UNAUTHORIZED: Final = "unauthorized"
 """A `refuse` reason: a bearer token the token file does not hold (or no bearer token)."""
 BAD_PARAMETER: Final = "bad_parameter"
 """A `refuse` reason: a list's `limit` or `continue` that is not one (400)."""
+FORBIDDEN_WATCH: Final = "forbidden"
+"""A `refuse` reason: a watch of a namespace the policy does not let the user watch (403),
+counted with the read service's other refusals by the policy."""
 FORBIDDEN_PATH: Final = "forbidden_path"
 """A `refuse` reason: a path the policy does not let the user get (`/metrics`)."""
 NODE_IDENTITY: Final = "node_identity"
@@ -88,7 +94,7 @@ default); it sets the header itself, over any the caller sent. Its groups header
 read: the policy binds users."""
 
 
-class Reader(Protocol):
+class Reader(watch.Source, Protocol):
     """What the HTTP API serves from (`projections.service.ReadService`)."""
 
     policy: Policy
@@ -196,8 +202,10 @@ def route(path: str) -> tuple[Query, bool] | None:
 def respond(state: ClusterState, render: Render, path: str,
             process_metrics: ProcessMetrics = bytes) -> tuple[int, str, bytes]:
     """(status, content type, body) for a GET of `path`."""
-    if path == "/healthz":
+    if path in ("/healthz", "/readyz", "/livez"):
         return 200, "text/plain", b"ok"
+    if path == "/version":
+        return 200, "application/json", json.dumps(versions.server_version()).encode()
     if path == "/metrics":
         [item] = render(state, Query(kind=METRICS_QUERY))
         return 200, "text/plain; version=0.0.4", str(item["text"]).encode() + process_metrics()
@@ -261,13 +269,7 @@ def _list(query: Query, items: list[dict[str, Any]],
     return 200, "application/json", json.dumps(body).encode()
 
 
-def _status(code: int, reason: str, message: str,
-            details: dict[str, Any] | None = None) -> tuple[int, str, bytes]:
-    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                            "message": message, "reason": reason, "code": code}
-    if details:
-        body["details"] = details
-    return code, "application/json", json.dumps(body).encode()
+_status = versions.status
 
 
 def _loopback(peer: str | None) -> bool:
@@ -313,8 +315,11 @@ async def serve(state: ClusterState, reader: Reader, host: str, port: int,
     known = tokens or StaticTokens({})
     pages = ListPages(HTTP_LISTS_KEPT, HTTP_LISTS_KEPT_EACH)
 
-    async def get(request: web.Request) -> web.Response:
+    async def get(request: web.Request) -> web.StreamResponse:
         try:
+            routed = route(request.path)
+            if routed is not None and not routed[1] and watch.wanted(request.query):
+                return await watched(request, routed[0])
             code, ctype, body = await answer(request)
         except TooManyRequests as e:
             code, ctype, body = _status(429, "TooManyRequests", str(e),
@@ -323,7 +328,7 @@ async def serve(state: ClusterState, reader: Reader, host: str, port: int,
                 "Content-Type": ctype, "Retry-After": str(e.retry_after_seconds)})
         return web.Response(status=code, body=body, headers={"Content-Type": ctype})
 
-    async def answer(request: web.Request) -> tuple[int, str, bytes]:
+    def who(request: web.Request) -> str | tuple[int, str, bytes]:
         user = asker(request, known, trust_proxy_headers)
         if user is None:
             reader.refuse(UNAUTHORIZED, path=request.path)
@@ -332,11 +337,39 @@ async def serve(state: ClusterState, reader: Reader, host: str, port: int,
             reader.refuse(NODE_IDENTITY, path=request.path, user=user)
             return _status(403, "Forbidden", f"forbidden: User {user!r}: a node agent's "
                                              "identity reads over NATS only")
+        return user
+
+    async def watched(request: web.Request, query: Query) -> web.StreamResponse:
+        user, kind = who(request), kind_named(query.kind)
+        if isinstance(user, tuple) or kind is None:
+            code, ctype, body = user if isinstance(user, tuple) else _status(404, "NotFound", "")
+            return web.Response(status=code, body=body, headers={"Content-Type": ctype})
+        streamed = await watch.serve(request, reader, state, kind=kind, query=query, asker=user)
+        if isinstance(streamed, web.StreamResponse):
+            return streamed
+        code, message = streamed
+        reader.refuse(BAD_PARAMETER if code == 400 else FORBIDDEN_WATCH, path=request.path,
+                      user=user, error=message)
+        code, ctype, body = _status(code, "BadRequest" if code == 400 else "Forbidden", message)
+        return web.Response(status=code, body=body, headers={"Content-Type": ctype})
+
+    async def answer(request: web.Request) -> tuple[int, str, bytes]:
+        user = who(request)
+        if isinstance(user, tuple):
+            return user
         if request.path == METRICS_PATH and not reader.policy.allows(
                 user, access := PathRequest("get", METRICS_PATH)):
             reader.refuse(FORBIDDEN_PATH, path=request.path, user=user)
             return _status(403, "Forbidden", f"forbidden: User {user!r} {access}")
         routed = route(request.path)
+        if routed is not None:
+            async def page(continued: str, limit: str) -> tuple[int, str, bytes]:
+                return await list_page(state, reader, pages, user, routed[0],
+                                       limit_param=limit, continue_param=continued)
+            at = await versions.answer(state, reader, user, routed[0], single=routed[1],
+                                       params=request.query, list_page=page)
+            if at is not None:
+                return _for_kubectl(request, at)
         if routed is not None and not routed[1] and (
                 "limit" in request.query or "continue" in request.query):
             return _for_kubectl(request, await list_page(

@@ -228,6 +228,16 @@ class ReadService:
         listed, _ = await self._rebuilt(sequence, query, asker)
         return listed
 
+    def sight(self, asker: str, kind: str, verb: str) -> PolicySight:
+        """What `asker` may see of `kind` with `verb` (an HTTP watch's objects)."""
+        return PolicySight(self.policy, asker, kind, verb)
+
+    async def folded_past(self, sequence: int, timeout: float) -> int:
+        """The read model's last sequence once it is past `sequence`, or after `timeout`."""
+        with contextlib.suppress(TimeoutError):
+            await self._advanced_to(sequence + 1, timeout)
+        return self.state.last_sequence
+
     async def _on_event(self, sequence: int, event: Event) -> None:
         self.state.apply(event, sequence)
         async with self.advanced:

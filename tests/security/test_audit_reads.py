@@ -285,3 +285,34 @@ async def test_the_cli_reads_the_past_as_she_may(install: Installation, tmp_path
     refused = await run("history", "vm", "web", "-n", "tenant-b")
     assert refused.returncode == 1
     assert refused.stderr.startswith("error: forbidden: User 'alice' cannot get resource")
+
+
+async def test_an_http_watch_shows_what_the_tokens_user_may_watch(
+        install: Installation) -> None:
+    base = f"http://127.0.0.1:{install.port}/apis/kubevirt.io/v1"
+    headers = {"Authorization": f"Bearer {TOKENS['alice']}"}
+    alice = await install.client("alice")
+    try:  # once this answers, the read model has folded every event written
+        await alice.get("VirtualMachine", "tenant-a", "web",
+                        after=install.applied["tenant-b"][-1])
+    finally:
+        await alice.close()
+    async with aiohttp.ClientSession() as session:
+        async def watch(path: str, token: dict[str, str]) -> tuple[int, list[Any]]:
+            async with session.get(f"{base}{path}?watch=true&timeoutSeconds=1",
+                                   headers=token) as r:
+                text = await r.text()  # the stream ends after its timeout
+            if r.status != 200:
+                return r.status, [json.loads(text)]
+            return r.status, [json.loads(line) for line in text.splitlines()]
+
+        code, refused = await watch("/namespaces/tenant-b/virtualmachines", headers)
+        assert code == 403 and refused[0]["reason"] == "Forbidden", refused
+        code, refused = await watch("/namespaces/tenant-a/virtualmachines", {})  # anonymous
+        assert code == 403, refused
+        code, events = await watch("/namespaces/tenant-a/virtualmachines", headers)
+        assert code == 200 and [(e["type"], e["object"]["metadata"]["namespace"])
+                                for e in events] == [("ADDED", "tenant-a")], events
+        code, events = await watch("/virtualmachines", headers)  # every namespace: hers
+        assert code == 200 and [e["object"]["metadata"]["namespace"]
+                                for e in events] == ["tenant-a"], events
