@@ -306,21 +306,22 @@ def _for_kubectl(request: web.Request,
         kind, answered, accept, request.query.get("includeObject", ""))
 
 
-async def serve(state: ClusterState, reader: Reader, host: str, port: int,
-                tokens: StaticTokens | None = None, *,
-                trust_proxy_headers: bool = False) -> web.AppRunner:
-    """Serve until the returned runner is cleaned up (`await runner.cleanup()`). aiohttp does
-    the HTTP; every path is answered by `respond` as its asker (`asker`) sees it (without a
-    token file, any token is unknown), any method but GET is 405."""
-    known = tokens or StaticTokens({})
-    pages = ListPages(HTTP_LISTS_KEPT, HTTP_LISTS_KEPT_EACH)
+class _Answers:
+    """The handlers of one HTTP API: who asks (`who`), a watch (`watched`), any other GET
+    (`answer`), each as its asker may see it."""
 
-    async def get(request: web.Request) -> web.StreamResponse:
+    def __init__(self, state: ClusterState, reader: Reader, tokens: StaticTokens,
+                 trust_proxy_headers: bool) -> None:
+        self.state, self.reader, self.tokens = state, reader, tokens
+        self.trust_proxy_headers = trust_proxy_headers
+        self.pages = ListPages(HTTP_LISTS_KEPT, HTTP_LISTS_KEPT_EACH)
+
+    async def get(self, request: web.Request) -> web.StreamResponse:
         try:
             routed = route(request.path)
             if routed is not None and not routed[1] and watch.wanted(request.query):
-                return await watched(request, routed[0])
-            code, ctype, body = await answer(request)
+                return await self.watched(request, routed[0])
+            code, ctype, body = await self.answer(request)
         except TooManyRequests as e:
             code, ctype, body = _status(429, "TooManyRequests", str(e),
                                         {"retryAfterSeconds": e.retry_after_seconds})
@@ -328,35 +329,38 @@ async def serve(state: ClusterState, reader: Reader, host: str, port: int,
                 "Content-Type": ctype, "Retry-After": str(e.retry_after_seconds)})
         return web.Response(status=code, body=body, headers={"Content-Type": ctype})
 
-    def who(request: web.Request) -> str | tuple[int, str, bytes]:
-        user = asker(request, known, trust_proxy_headers)
+    def who(self, request: web.Request) -> str | tuple[int, str, bytes]:
+        """The asker's name, or the refusal to answer them."""
+        user = asker(request, self.tokens, self.trust_proxy_headers)
         if user is None:
-            reader.refuse(UNAUTHORIZED, path=request.path)
+            self.reader.refuse(UNAUTHORIZED, path=request.path)
             return _status(401, "Unauthorized", "Unauthorized")
         if user.startswith(NODE_ACTOR_PREFIX):
-            reader.refuse(NODE_IDENTITY, path=request.path, user=user)
+            self.reader.refuse(NODE_IDENTITY, path=request.path, user=user)
             return _status(403, "Forbidden", f"forbidden: User {user!r}: a node agent's "
                                              "identity reads over NATS only")
         return user
 
-    async def watched(request: web.Request, query: Query) -> web.StreamResponse:
-        user, kind = who(request), kind_named(query.kind)
+    async def watched(self, request: web.Request, query: Query) -> web.StreamResponse:
+        user, kind = self.who(request), kind_named(query.kind)
         if isinstance(user, tuple) or kind is None:
             code, ctype, body = user if isinstance(user, tuple) else _status(404, "NotFound", "")
             return web.Response(status=code, body=body, headers={"Content-Type": ctype})
-        streamed = await watch.serve(request, reader, state, kind=kind, query=query, asker=user)
+        streamed = await watch.serve(request, self.reader, self.state, kind=kind, query=query,
+                                     asker=user)
         if isinstance(streamed, web.StreamResponse):
             return streamed
         code, message = streamed
-        reader.refuse(BAD_PARAMETER if code == 400 else FORBIDDEN_WATCH, path=request.path,
-                      user=user, error=message)
+        self.reader.refuse(BAD_PARAMETER if code == 400 else FORBIDDEN_WATCH,
+                           path=request.path, user=user, error=message)
         code, ctype, body = _status(code, "BadRequest" if code == 400 else "Forbidden", message)
         return web.Response(status=code, body=body, headers={"Content-Type": ctype})
 
-    async def answer(request: web.Request) -> tuple[int, str, bytes]:
-        user = who(request)
+    async def answer(self, request: web.Request) -> tuple[int, str, bytes]:
+        user = self.who(request)
         if isinstance(user, tuple):
             return user
+        reader, state = self.reader, self.state
         if request.path == METRICS_PATH and not reader.policy.allows(
                 user, access := PathRequest("get", METRICS_PATH)):
             reader.refuse(FORBIDDEN_PATH, path=request.path, user=user)
@@ -364,28 +368,34 @@ async def serve(state: ClusterState, reader: Reader, host: str, port: int,
         routed = route(request.path)
         if routed is not None:
             async def page(continued: str, limit: str) -> tuple[int, str, bytes]:
-                return await list_page(state, reader, pages, user, routed[0],
+                return await list_page(state, reader, self.pages, user, routed[0],
                                        limit_param=limit, continue_param=continued)
             at = await versions.answer(state, reader, user, routed[0], single=routed[1],
                                        params=request.query, list_page=page)
             if at is not None:
                 return _for_kubectl(request, at)
-        if routed is not None and not routed[1] and (
-                "limit" in request.query or "continue" in request.query):
-            return _for_kubectl(request, await list_page(
-                state, reader, pages, user, routed[0],
-                limit_param=request.query.get("limit", ""),
-                continue_param=request.query.get("continue", "")))
+            if not routed[1] and ("limit" in request.query or "continue" in request.query):
+                return _for_kubectl(request, await page(request.query.get("continue", ""),
+                                                        request.query.get("limit", "")))
         return _for_kubectl(request, respond(state, lambda s, q: reader.render(s, q, user),
                                              request.path, reader.process_metrics))
 
-    async def refuse(_request: web.Request) -> web.Response:
-        code, ctype, body = _status(405, "MethodNotAllowed", "the read API is read-only")
-        return web.Response(status=code, body=body, headers={"Content-Type": ctype})
 
+async def _read_only(_request: web.Request) -> web.Response:
+    code, ctype, body = _status(405, "MethodNotAllowed", "the read API is read-only")
+    return web.Response(status=code, body=body, headers={"Content-Type": ctype})
+
+
+async def serve(state: ClusterState, reader: Reader, host: str, port: int,
+                tokens: StaticTokens | None = None, *,
+                trust_proxy_headers: bool = False) -> web.AppRunner:
+    """Serve until the returned runner is cleaned up (`await runner.cleanup()`). aiohttp does
+    the HTTP; every path is answered by `respond` as its asker (`asker`) sees it (without a
+    token file, any token is unknown), any method but GET is 405."""
+    answers = _Answers(state, reader, tokens or StaticTokens({}), trust_proxy_headers)
     app = web.Application()
-    app.router.add_get("/{path:.*}", get, allow_head=False)
-    app.router.add_route("*", "/{path:.*}", refuse)
+    app.router.add_get("/{path:.*}", answers.get, allow_head=False)
+    app.router.add_route("*", "/{path:.*}", _read_only)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
