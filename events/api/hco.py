@@ -327,14 +327,16 @@ class OperandObject(ApiStruct):
 
 
 def _declare(kind: str, api_version: str, manifest: type[ApiStruct], *,
-             short_names: tuple[str, ...] = (), categories: tuple[str, ...] = ()) -> Kind:
-    """HCO's kinds are one object each for the whole cluster, decided at the cluster scope;
-    an operand's aggregate token is its kind, lower-cased."""
+             short_names: tuple[str, ...] = (), categories: tuple[str, ...] = (),
+             namespaced: bool = True) -> Kind:
+    """HCO's kinds are one object each for the whole cluster, decided at the cluster scope
+    (their API scope is their CRDs': CDI and NetworkAddonsConfig are cluster-scoped); an
+    operand's aggregate token is its kind, lower-cased."""
     group, _, version = api_version.partition("/")
     return declare(Kind(kind=kind, group=group, versions=(version,), plural=f"{kind.lower()}s",
                         token="hco" if kind == d.KIND else kind.lower(),
-                        short_names=short_names, categories=categories, one_per_cluster=True,
-                        manifest=manifest))
+                        short_names=short_names, categories=categories, namespaced=namespaced,
+                        one_per_cluster=True, manifest=manifest))
 
 
 HYPERCONVERGED: Final = _declare(d.KIND, d.API_VERSION, HyperConverged,
@@ -343,10 +345,10 @@ OPERANDS: Final = {
     "KubeVirt": _declare("KubeVirt", d.OPERAND_API_VERSIONS["KubeVirt"], OperandObject,
                          short_names=("kv", "kvs"), categories=("all",)),
     "CDI": _declare("CDI", d.OPERAND_API_VERSIONS["CDI"], OperandObject,
-                    short_names=("cdi", "cdis")),
+                    short_names=("cdi", "cdis"), namespaced=False),
     "NetworkAddonsConfig": _declare("NetworkAddonsConfig",
                                     d.OPERAND_API_VERSIONS["NetworkAddonsConfig"],
-                                    OperandObject),
+                                    OperandObject, namespaced=False),
     "SSP": _declare("SSP", d.OPERAND_API_VERSIONS["SSP"], OperandObject),
 }
 """The operand CRs HCO writes, one of each."""
